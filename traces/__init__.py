@@ -1,0 +1,68 @@
+"""LLM request traces: loaders, transforms, synthetic generators, bundled samples.
+
+Every function returns the one schema of :mod:`traces.schema`: a DataFrame
+with ``arrival_s``, ``prompt_tokens``, ``output_tokens`` and optionally
+``prefix_hashes``, with metadata in ``df.attrs``. See ``docs/traces.md``.
+"""
+
+from traces.formats import known_formats
+from traces.loaders import load
+from traces.prefixes import BlockIds, ConversationSpec, conversation_trace, shared_prefix_trace, with_unique_hashes
+from traces.samples import load_sample
+from traces.schema import (
+    REQUIRED_COLUMNS,
+    TraceFormatError,
+    TraceMeta,
+    TraceWarning,
+    make_frame,
+    meta_of,
+    validate,
+    with_meta,
+)
+from traces.stats import summarize
+from traces.synthetic import (
+    EmpiricalLengths,
+    FixedLengths,
+    LengthSampler,
+    LognormalLengths,
+    gamma_arrivals,
+    poisson_arrivals,
+    synthetic_trace,
+)
+from traces.transforms import clip_to_context, concat, repeat, scale_rate, spread_buckets, subsample, window
+from traces.writers import save
+
+__all__ = [
+    "REQUIRED_COLUMNS",
+    "BlockIds",
+    "ConversationSpec",
+    "EmpiricalLengths",
+    "FixedLengths",
+    "LengthSampler",
+    "LognormalLengths",
+    "TraceFormatError",
+    "TraceMeta",
+    "TraceWarning",
+    "clip_to_context",
+    "concat",
+    "conversation_trace",
+    "gamma_arrivals",
+    "known_formats",
+    "load",
+    "load_sample",
+    "make_frame",
+    "meta_of",
+    "poisson_arrivals",
+    "repeat",
+    "save",
+    "scale_rate",
+    "shared_prefix_trace",
+    "spread_buckets",
+    "subsample",
+    "summarize",
+    "synthetic_trace",
+    "validate",
+    "window",
+    "with_meta",
+    "with_unique_hashes",
+]

@@ -1,0 +1,178 @@
+"""``traces.load``: read any known trace file into the schema frame.
+
+The format is detected from the file's header (CSV) or first record (JSON
+Lines); gzip is detected by its magic bytes, Parquet by its own. See
+``docs/traces.md`` for the table of formats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from traces import formats
+from traces.formats import Format
+from traces.normalize import Parsed, check_hash_lengths, drop_unusable, parse, sort_by_arrival, to_frame
+from traces.readers import Peek, peek, read_csv, read_jsonl
+from traces.schema import HASHES, TraceFormatError, TraceMeta, hash_column, validate, with_meta
+from traces.synthetic import poisson_arrivals
+from traces.transforms import spread_buckets
+
+
+
+def sidecar(path: str | Path) -> Path:
+    """Return the metadata file written beside a normalized CSV/JSONL: ``<path>.meta.json``."""
+    path = Path(path)
+    return path.with_name(path.name + ".meta.json")
+
+
+def load(
+    path: str | Path,
+    *,
+    format: str | None = None,  # noqa: A002 - the natural name for callers
+    columns: Mapping[str, str] | None = None,
+    time_unit: str = "s",
+    block_tokens: int | None = None,
+    rate_rps: float | None = None,
+    spread_s: float | None = None,
+    seed: int = 0,
+    max_rows: int | None = None,
+) -> pd.DataFrame:
+    """Load a trace file into the schema frame (see :mod:`traces.schema`).
+
+    Args:
+        path: a CSV, JSON Lines (plain or gzip) or Parquet file.
+        format: a name from :func:`traces.formats.known_formats`, or None to
+            detect it from the file's header / first record.
+        columns: for the generic ``csv`` / ``jsonl`` formats (implied when
+            given): schema column -> the file's column name.
+        time_unit: generic formats only: ``s``, ``ms``, ``us``, ``ns`` or
+            ``datetime`` (ISO-8601 text).
+        block_tokens: tokens per prefix-hash block, for generic formats or to
+            override a format's own (Mooncake: 512).
+        rate_rps: formats without timestamps only: space arrivals as a
+            Poisson process of this rate (requests/s); None puts all at 0 s.
+        spread_s: spread requests sharing one timestamp uniformly over the
+            next ``spread_s`` seconds, keeping file order (for the Mooncake
+            conversation trace's 3 s buckets: 3.0). None fires each bucket
+            as a burst.
+        seed: seed of the Poisson spacing and of the spread.
+        max_rows: read only the first ``max_rows`` data rows.
+
+    Returns:
+        The frame, arrivals in seconds after the source's earliest row
+        (normalized files keep their times), sorted by arrival.
+
+    Raises:
+        FileNotFoundError: when ``path`` is not a file.
+        TraceFormatError: for an unknown format, a missing column, a malformed
+            row (the message names its line) or bad options.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"trace file not found: {path}")
+    pk = peek(path)
+    if pk.container == "parquet" or format == "parquet":
+        return _load_parquet(path, block_tokens)
+    fmt = _resolve(path, pk, format, columns, time_unit, block_tokens)
+    df = _load_rows(path, fmt, rate_rps=rate_rps, seed=seed, max_rows=max_rows)
+    return df if spread_s is None else spread_buckets(df, width_s=spread_s, seed=seed)
+
+
+def _resolve(
+    path: Path, pk: Peek, name: str | None, columns: Mapping[str, str] | None, time_unit: str, block_tokens: int | None
+) -> Format:
+    if columns is not None:
+        container = name or pk.container
+        if container not in formats.GENERIC:
+            raise TraceFormatError(f"columns=... needs format 'csv' or 'jsonl'; got format={name!r} ({pk.container})")
+        return formats.generic(container, columns, time_unit=time_unit, block_tokens=block_tokens)
+    if name in formats.GENERIC:
+        raise TraceFormatError(f"format={name!r} needs columns={{'prompt_tokens': ..., 'output_tokens': ...}}")
+    if pk.container == "empty" and name is None:
+        raise TraceFormatError(f"{path}: empty file; cannot detect its format")
+    fmt = formats.by_name(name, pk, path) if name else formats.detect(path, pk)
+    if block_tokens is not None:
+        fmt = dataclasses.replace(fmt, block_tokens=block_tokens)
+    return fmt
+
+
+def _load_rows(path: Path, fmt: Format, *, rate_rps: float | None, seed: int, max_rows: int | None) -> pd.DataFrame:
+    if rate_rps is not None and fmt.arrival is not None:
+        raise TraceFormatError(f"rate_rps applies to formats without timestamps; {fmt.name} has {fmt.arrival!r}")
+    raw = _read(path, fmt, max_rows)
+    parsed, dropped = drop_unusable(path, fmt, parse(path, fmt, raw))
+    base = _base_meta(path, fmt)
+    check_hash_lengths(path, parsed, base.block_tokens)
+    parsed, resorted = sort_by_arrival(path, parsed)
+    arrival = _final_arrivals(parsed, rate_rps, seed)
+    meta = TraceMeta(
+        source=base.source, format=fmt.name, block_tokens=base.block_tokens if parsed.hashes else None,
+        rows_read=len(raw), dropped=dropped, history=base.history, time_origin=parsed.origin, resorted=resorted,
+    )
+    if rate_rps is not None:
+        meta = meta.with_step(f"poisson_arrivals(rate_rps={rate_rps}, seed={seed})")
+    df = to_frame(parsed, arrival_s=arrival, meta=meta)
+    _check(path, df)
+    return df
+
+
+def _read(path: Path, fmt: Format, max_rows: int | None):
+    wanted = fmt.required
+    if fmt.container == "csv":
+        return read_csv(path, wanted, max_rows=max_rows)
+    optional = (fmt.hashes,) if fmt.hashes else ()
+    return read_jsonl(path, wanted, optional=optional, max_rows=max_rows)
+
+
+def _base_meta(path: Path, fmt: Format) -> TraceMeta:
+    """The source, block size and history, from the sidecar for normalized files."""
+    plain = TraceMeta(source=str(path), format=fmt.name, block_tokens=fmt.block_tokens)
+    side = sidecar(path)
+    if fmt.rezero or not side.is_file():
+        return plain
+    try:
+        saved = TraceMeta.from_attrs(json.loads(side.read_text(encoding="utf-8")))
+    except (ValueError, TypeError) as exc:
+        raise TraceFormatError(f"{side}: unreadable metadata sidecar: {exc}") from exc
+    block = fmt.block_tokens if fmt.block_tokens is not None else saved.block_tokens
+    return saved.with_step(f"reloaded from {path}", block_tokens=block)
+
+
+def _final_arrivals(p: Parsed, rate_rps: float | None, seed: int) -> np.ndarray:
+    if p.arrival_s is not None:
+        return p.arrival_s
+    n = len(p.prompt)
+    if rate_rps is None:
+        return np.zeros(n)
+    return poisson_arrivals(n, rate_rps=rate_rps, rng=np.random.default_rng(seed))
+
+
+def _check(path: Path, df: pd.DataFrame) -> None:
+    problems = validate(df)
+    if problems:
+        raise TraceFormatError(f"{path}: loaded rows break the schema: {'; '.join(problems)}")
+
+
+def _load_parquet(path: Path, block_tokens: int | None) -> pd.DataFrame:
+    """Read a frame written by :func:`traces.writers.save` (or any schema Parquet)."""
+    try:
+        df = pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises many types; report them as one
+        raise TraceFormatError(f"{path}: cannot read as Parquet: {exc}") from exc
+    attrs = dict(df.attrs)
+    attrs.setdefault("source", str(path))
+    attrs.setdefault("format", "parquet")
+    if block_tokens is not None:
+        attrs["block_tokens"] = block_tokens
+    if HASHES in df.columns:
+        df[HASHES] = hash_column([[int(x) for x in h] for h in df[HASHES]], df.index)
+    df = with_meta(df, TraceMeta.from_attrs(attrs).with_step(f"reloaded from {path}"))
+    _check(path, df)
+    return df
+

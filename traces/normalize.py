@@ -1,0 +1,217 @@
+"""Turn a file's raw rows into a schema frame: parse, drop bad rows, sort.
+
+Every error names the file and the line of the offending row. Rows that are
+well-formed but unusable (failed responses, lengths <= 0) are dropped and
+counted; out-of-order rows are sorted. Both are reported with a
+:class:`~traces.schema.TraceWarning` and in the frame's metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from traces.formats import TIME_UNITS, Format
+from traces.readers import RawTable
+from traces.schema import TraceFormatError, TraceMeta, TraceWarning, expected_blocks, make_frame
+
+FAILED = "failed_responses"
+NONPOSITIVE = "nonpositive_lengths"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Parsed:
+    """Parsed columns of a raw table (one entry per data row).
+
+    Attributes:
+        arrival_s: seconds; after the earliest row read when the format
+            re-zeroes, else as in the file; None without timestamps.
+        prompt: prompt tokens as read (may be <= 0).
+        output: output tokens as read (may be <= 0).
+        hashes: one list of ids per row, or None.
+        lines: 1-based file line of each row.
+        origin: raw text of the earliest arrival when re-zeroed, else None.
+    """
+
+    arrival_s: np.ndarray | None
+    prompt: np.ndarray
+    output: np.ndarray
+    hashes: list[list[int]] | None
+    lines: np.ndarray
+    origin: str | None
+
+
+def parse(path: Path, fmt: Format, raw: RawTable) -> Parsed:
+    """Convert raw values to numbers.
+
+    Raises:
+        TraceFormatError: on a value that is not an integer length, an
+            unparsable timestamp, or malformed hash ids (names the line).
+    """
+    lines = np.asarray(raw.lines, dtype=np.int64)
+    arrival, origin = _arrivals(path, fmt, raw, lines)
+    return Parsed(
+        arrival_s=arrival,
+        prompt=_ints(path, raw.columns[fmt.prompt], fmt.prompt, lines),
+        output=_ints(path, raw.columns[fmt.output], fmt.output, lines),
+        hashes=_hashes(path, raw.columns[fmt.hashes], fmt.hashes, lines) if fmt.hashes else None,
+        lines=lines,
+        origin=origin,
+    )
+
+
+def _bad_value(path: Path, line: int, column: str, value: Any, expected: str) -> TraceFormatError:
+    return TraceFormatError(f"{path} line {line}: column {column!r} = {value!r}, expected {expected}")
+
+
+def _ints(path: Path, values: list[Any], column: str, lines: np.ndarray) -> np.ndarray:
+    nums = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(nums) | (nums != np.floor(nums))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise _bad_value(path, int(lines[i]), column, values[i], "an integer token count")
+    return nums.astype(np.int64)
+
+
+def _arrivals(path: Path, fmt: Format, raw: RawTable, lines: np.ndarray) -> tuple[np.ndarray | None, str | None]:
+    if fmt.arrival is None:
+        return None, None
+    values = raw.columns[fmt.arrival]
+    if not values:
+        return np.zeros(0), None
+    if TIME_UNITS[fmt.time_unit] is None:
+        seconds = _datetimes(path, values, fmt.arrival, lines)
+    else:
+        seconds = _numbers(path, values, fmt.arrival, lines) / TIME_UNITS[fmt.time_unit]
+    if not fmt.rezero:
+        return seconds, None
+    first = int(np.argmin(seconds))
+    return seconds - seconds[first], str(values[first]).strip()
+
+
+def _numbers(path: Path, values: list[Any], column: str, lines: np.ndarray) -> np.ndarray:
+    nums = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(nums)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise _bad_value(path, int(lines[i]), column, values[i], "a finite number")
+    return nums
+
+
+def _datetimes(path: Path, values: list[Any], column: str, lines: np.ndarray) -> np.ndarray:
+    """Parse ISO-8601 text (offsets converted to UTC) into seconds after the earliest."""
+    try:
+        stamps = pd.to_datetime(pd.Series(values, dtype=object), format="ISO8601", utc=True, errors="coerce")
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise TraceFormatError(f"{path}: column {column!r}: cannot parse timestamps: {exc}") from exc
+    bad = stamps.isna().to_numpy()
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise _bad_value(path, int(lines[i]), column, values[i], "a timestamp 'YYYY-MM-DD HH:MM:SS[.f]'")
+    return ((stamps - stamps.min()) / pd.Timedelta(seconds=1)).to_numpy(dtype=np.float64)
+
+
+def _hashes(path: Path, values: list[Any], column: str, lines: np.ndarray) -> list[list[int]] | None:
+    if all(v is None for v in values):
+        return None
+    out = []
+    for v, line in zip(values, lines, strict=True):
+        ids = _hash_list(v)
+        if ids is None:
+            raise _bad_value(path, int(line), column, v, "a list of integer block ids")
+        out.append(ids)
+    return out
+
+
+def _hash_list(v: Any) -> list[int] | None:
+    """Parse one row's ids from a JSON list or space-separated text; None if malformed."""
+    if isinstance(v, str):
+        text = v.strip()
+        try:
+            v = json.loads(text) if text.startswith("[") else [int(x) for x in text.split()]
+        except ValueError:
+            return None
+    if not isinstance(v, (list, tuple)):
+        return None
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return None
+    return list(v)
+
+
+def drop_unusable(path: Path, fmt: Format, p: Parsed) -> tuple[Parsed, dict[str, int]]:
+    """Drop failed responses and rows with a length <= 0; warn with the counts.
+
+    Returns:
+        The kept rows and a dict reason -> rows dropped.
+    """
+    failed = (p.output == 0) if fmt.failed_if_zero_output else np.zeros(len(p.lines), dtype=bool)
+    nonpos = ~failed & ((p.prompt <= 0) | (p.output <= 0))
+    dropped = {FAILED: int(failed.sum()), NONPOSITIVE: int(nonpos.sum())}
+    if not (failed | nonpos).any():
+        return p, dropped
+    first = int(p.lines[np.flatnonzero(failed | nonpos)[0]])
+    warnings.warn(
+        f"{path}: dropped {dropped[FAILED]} failed response(s) (0 output tokens) and {dropped[NONPOSITIVE]} "
+        f"row(s) with prompt or output tokens <= 0 (first at line {first})",
+        TraceWarning, stacklevel=4,
+    )
+    keep = ~(failed | nonpos)
+    return _take(p, np.flatnonzero(keep)), dropped
+
+
+def _take(p: Parsed, idx: np.ndarray) -> Parsed:
+    return dataclasses.replace(
+        p,
+        arrival_s=None if p.arrival_s is None else p.arrival_s[idx],
+        prompt=p.prompt[idx], output=p.output[idx], lines=p.lines[idx],
+        hashes=None if p.hashes is None else [p.hashes[i] for i in idx],
+    )
+
+
+def check_hash_lengths(path: Path, p: Parsed, block_tokens: int | None) -> None:
+    """Require ``ceil(prompt / block_tokens)`` ids per row.
+
+    Raises:
+        TraceFormatError: naming the first row's line whose count differs.
+    """
+    if p.hashes is None:
+        return
+    if block_tokens is None:
+        raise TraceFormatError(f"{path}: the file has prefix hash ids but no block size; pass block_tokens=...")
+    for ids, n, line in zip(p.hashes, p.prompt, p.lines, strict=True):
+        want = expected_blocks(n, block_tokens)
+        if len(ids) != want:
+            raise TraceFormatError(
+                f"{path} line {line}: {len(ids)} hash ids for {n} prompt tokens; "
+                f"expected ceil({n}/{block_tokens}) = {want}"
+            )
+
+
+def sort_by_arrival(path: Path, p: Parsed) -> tuple[Parsed, bool]:
+    """Stable-sort rows by arrival, warning when the source was out of order.
+
+    Returns:
+        The rows in time order, and whether any row moved.
+    """
+    t = p.arrival_s
+    if t is None or len(t) < 2 or not (np.diff(t) < 0).any():
+        return p, False
+    back = np.flatnonzero(np.diff(t) < 0)
+    warnings.warn(
+        f"{path}: {len(back)} row(s) arrive earlier than the row before them (first at line "
+        f"{int(p.lines[back[0] + 1])}); rows sorted by arrival time (stable)",
+        TraceWarning, stacklevel=4,
+    )
+    return _take(p, np.argsort(t, kind="stable")), True
+
+
+def to_frame(p: Parsed, *, arrival_s: np.ndarray, meta: TraceMeta) -> pd.DataFrame:
+    """Assemble the schema frame from parsed rows and final arrival times."""
+    return make_frame(arrival_s, p.prompt, p.output, p.hashes, meta=meta)

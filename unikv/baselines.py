@@ -1,0 +1,92 @@
+"""Baselines that answer the pool's surface: a static split and an oracle."""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from unikv.bands import BudgetBand, RegionBand
+from unikv.layout import Layout
+from unikv.pool import UnifiedPool
+
+
+class StaticPartitionPool(UnifiedPool):
+    """Each band owns a fixed byte region, sized by `fractions`.
+
+    What serving engines do today: a ratio fixed at start-up. Freed pages
+    are reused inside their region; nothing moves; a region's unused pages
+    are stranded for every other band.
+
+    Args:
+        layout: the buffer and its bands (grow directions are ignored).
+        backend: as for `UnifiedPool`.
+        fractions: band name -> share of the bytes past the sink, in chain
+            order; default an equal share each. Shares must be positive and
+            sum to at most 1.
+    """
+
+    band_classes = {"region": RegionBand}
+
+    def __init__(self, layout: Layout, backend=None, fractions: Optional[Mapping[str, float]] = None,
+                 **_ignored) -> None:
+        if not isinstance(layout, Layout):
+            raise ValueError(f"layout={layout!r} must be a unikv.Layout")
+        self.fractions = self._check_fractions(layout, fractions)
+        self._region_pages = self._split(layout, self.fractions)
+        super().__init__(layout, backend)
+
+    @staticmethod
+    def _check_fractions(layout: Layout, fractions) -> dict[str, float]:
+        if fractions is None:
+            return {n: 1.0 / len(layout.bands) for n in layout.names}
+        fractions = dict(fractions)
+        if set(fractions) != set(layout.names):
+            raise ValueError(f"fractions names {sorted(fractions)}; expected exactly {sorted(layout.names)}")
+        bad = {n: f for n, f in fractions.items() if not isinstance(f, (int, float)) or not f > 0}
+        if bad:
+            raise ValueError(f"fractions {bad} must be positive numbers")
+        if sum(fractions.values()) > 1 + 1e-9:
+            raise ValueError(f"fractions sum to {sum(fractions.values()):.6g}; expected <= 1")
+        return {n: float(f) for n, f in fractions.items()}
+
+    @staticmethod
+    def _split(layout: Layout, fractions: dict[str, float]) -> dict[str, tuple[int, int]]:
+        usable = layout.total_bytes - layout.sink_bytes
+        start = layout.sink_bytes
+        regions = {}
+        for g in layout:
+            end = start + int(usable * fractions[g.band.name])
+            lo = max(g.min_page, -(-start // g.page_bytes))
+            hi = min(g.num_pages, end // g.page_bytes)
+            if hi <= lo:
+                raise ValueError(
+                    f"fractions[{g.band.name!r}]={fractions[g.band.name]:.6g} gives band "
+                    f"{g.band.name!r} {max(0, end - start)} bytes, less than one "
+                    f"{g.page_bytes}-byte page"
+                )
+            regions[g.band.name] = (lo, hi)
+            start = end
+        return regions
+
+    def _band_kind(self, band):
+        return "region"
+
+    def _regions(self):
+        return self._region_pages
+
+
+class OraclePool(UnifiedPool):
+    """A pure byte budget: any free byte serves any band, no geometry.
+
+    The upper bound every layout is measured against. Physical ids are
+    bookkeeping only, so a materialised buffer is refused.
+    """
+
+    band_classes = {"budget": BudgetBand}
+
+    def __init__(self, layout: Layout, backend=None, **_ignored) -> None:
+        if backend is not None and getattr(backend, "materialized", False):
+            raise ValueError("OraclePool has no byte layout; use a backend with materialize=False")
+        super().__init__(layout, backend)
+
+    def _band_kind(self, band):
+        return "budget"

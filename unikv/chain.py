@@ -1,0 +1,97 @@
+"""The chain: the bands in byte order, their walks, capacity views, checks."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from unikv.extent import Extent, Kind, after_urgent_flush, chain_gap_bytes, extension_room, joint_pages
+from unikv.hazards import Epoch
+from unikv.layout import Layout
+
+
+class Chain:
+    """Bands ordered low byte -> high byte, sharing one mutation epoch.
+
+    Capacity views are memoised on the epoch: any band mutation bumps it, so
+    a memo is fresh exactly while nothing has changed.
+    """
+
+    def __init__(self, layout: Layout, epoch: Epoch) -> None:
+        self.total_bytes = layout.total_bytes
+        self.sink_bytes = layout.sink_bytes
+        self.epoch = epoch
+        self.bands: list = []
+        self._memo: dict[tuple, tuple[int, int]] = {}
+
+    def extents(self, schedulable: bool = False) -> list[Extent]:
+        """Every band's extent; `schedulable` pretends lazy END bands were
+        urgently flushed (their holes reclaimed at the frontier)."""
+        ext = [b.extent() for b in self.bands]
+        return [after_urgent_flush(e) for e in ext] if schedulable else ext
+
+    def float_index(self) -> Optional[int]:
+        for i, b in enumerate(self.bands):
+            if b.kind is Kind.FLOAT:
+                return i
+        return None
+
+    # -- capacity --
+
+    def joint_pages(self, order: Sequence[int], schedulable: bool = False) -> int:
+        """Pages a coupled take on every band of `order` gets without a move."""
+        key = ("joint", tuple(order), schedulable)
+        return self._memoised(key, lambda: joint_pages(self.extents(schedulable), order, self.total_bytes))
+
+    def band_pages(self, i: int, schedulable: bool = False) -> int:
+        """Pages one take on band `i` alone gets without a move."""
+        def compute() -> int:
+            ext = self.extents(schedulable)
+            return ext[i].holes + extension_room(ext, i, self.total_bytes)
+        return self._memoised(("band", i, schedulable), compute)
+
+    def _memoised(self, key: tuple, compute) -> int:
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] == self.epoch.value:
+            return hit[1]
+        value = compute()
+        self._memo[key] = (self.epoch.value, value)
+        return value
+
+    def memo_violations(self) -> list[str]:
+        """A memo of the current epoch must equal a fresh recompute."""
+        out = []
+        for key, (epoch, value) in list(self._memo.items()):
+            if epoch != self.epoch.value:
+                continue
+            if key[0] == "joint":
+                fresh = joint_pages(self.extents(key[2]), key[1], self.total_bytes)
+            else:
+                ext = self.extents(key[2])
+                fresh = ext[key[1]].holes + extension_room(ext, key[1], self.total_bytes)
+            if fresh != value:
+                out.append(f"[chain] stale capacity memo {key}: cached {value}, actual {fresh}")
+        return out
+
+    def forget_memos(self) -> None:
+        self._memo.clear()
+
+    # -- geometry checks and views --
+
+    def gap_bytes(self) -> int:
+        return chain_gap_bytes(self.extents(), self.sink_bytes, self.total_bytes)
+
+    def order_violations(self) -> list[str]:
+        """Non-transparent bands must not overlap and must stay inside
+        `[sink, total_bytes)`."""
+        out = []
+        frontier, prev = self.sink_bytes, "sink"
+        for b, e in zip(self.bands, self.extents()):
+            if e.transparent:
+                continue
+            top = e.cap * e.page_bytes if e.kind is Kind.REGION else e.high_byte
+            if e.low_byte < frontier:
+                out.append(f"[chain] {b.name} low byte {e.low_byte} overlaps {prev} (ends at {frontier})")
+            if top > self.total_bytes or e.low > max(e.high, e.low):
+                out.append(f"[chain] {b.name} range [{e.low_byte}, {top}) leaves the buffer")
+            frontier, prev = max(frontier, top), b.name
+        return out

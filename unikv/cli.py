@@ -1,0 +1,36 @@
+"""The `unikv` command line: thin wrappers over the packages."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from unikv.demo import run_demo
+
+
+def _traces(argv: Sequence[str]) -> int:
+    from traces.cli import main as traces_main
+
+    return traces_main(list(argv))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["traces"]:
+        return _traces(argv[1:])
+    parser = argparse.ArgumentParser(prog="unikv", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="drive a 3-band pool and print its occupancy")
+    demo.add_argument("--compaction", choices=["lazy", "eager"], default="lazy")
+    demo.add_argument("--steps", type=int, default=200, help="decode steps to run")
+    demo.add_argument("--seed", type=int, default=0)
+    sub.add_parser("traces", help="describe / convert request traces (unikv traces -h)")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        return run_demo(args.compaction, args.steps, args.seed)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

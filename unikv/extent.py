@@ -1,0 +1,212 @@
+"""Band arithmetic as pure functions over a small snapshot of the chain.
+
+Every band reports an `Extent`: its kind, its page geometry, its occupied
+page range and its hole / live counts. The functions here answer "where would
+`n` more pages of band `i` go" without touching any allocator, so the same
+code serves the real allocation (which then applies the answer) and the
+capacity views (which search over hypothetical allocations). Because both run
+this one function, `alloc(n)` succeeds for every `n` the capacity views admit.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence
+
+
+class Kind(enum.Enum):
+    """How a band's occupied range behaves."""
+
+    UP = "up"  # END band growing from the low end
+    DOWN = "down"  # END band growing from the high end
+    FLOAT = "float"  # movable span between neighbours; transparent when empty
+    REGION = "region"  # fixed private byte region (static partition)
+    BUDGET = "budget"  # no geometry, a share of one byte budget (oracle)
+
+
+@dataclass(frozen=True)
+class Extent:
+    """One band's state as the capacity arithmetic sees it.
+
+    Attributes:
+        kind: see `Kind`.
+        page_bytes: bytes per page of this band.
+        min_page: first page past the sink.
+        num_pages: pages of the band's grid inside the buffer.
+        low, high: occupied page range `[low, high)`. REGION: the region's
+            first page and its fill watermark. BUDGET: unused (0, 0).
+        holes: free pages inside the range that an alloc reuses first.
+        live: bound pages.
+        cap: REGION: the region's end page (its growth limit). BUDGET: the
+            byte budget shared by all bands (buffer minus sink). Else 0.
+    """
+
+    kind: Kind
+    page_bytes: int
+    min_page: int
+    num_pages: int
+    low: int
+    high: int
+    holes: int
+    live: int
+    cap: int = 0
+
+    @property
+    def transparent(self) -> bool:
+        """Occupies no bytes that a neighbour's walk must respect."""
+        if self.kind is Kind.BUDGET:
+            return True
+        return self.kind is Kind.FLOAT and self.live == 0
+
+    @property
+    def low_byte(self) -> int:
+        return self.low * self.page_bytes
+
+    @property
+    def high_byte(self) -> int:
+        return self.high * self.page_bytes
+
+
+def bound_below(chain: Sequence[Extent], i: int) -> int:
+    """High byte of the nearest non-transparent band below `i` (0 if none)."""
+    for j in range(i - 1, -1, -1):
+        if not chain[j].transparent:
+            return chain[j].high_byte
+    return 0
+
+
+def bound_above(chain: Sequence[Extent], i: int, total_bytes: int) -> int:
+    """Low byte of the nearest non-transparent band above `i` (the buffer
+    top if none)."""
+    for j in range(i + 1, len(chain)):
+        if not chain[j].transparent:
+            return chain[j].low_byte
+    return total_bytes
+
+
+def float_region(chain: Sequence[Extent], i: int, total_bytes: int) -> tuple[int, int]:
+    """Pages `[lo, hi)` of band `i`'s grid between its neighbours' frontiers
+    (rounded inward: a page must fit wholly in the free bytes)."""
+    e = chain[i]
+    lo = max(e.min_page, -(-bound_below(chain, i) // e.page_bytes))
+    hi = min(e.num_pages, bound_above(chain, i, total_bytes) // e.page_bytes)
+    return lo, max(lo, hi)
+
+
+def float_gaps(chain: Sequence[Extent], i: int, total_bytes: int) -> tuple[int, int]:
+    """Free pages below and above float `i`'s span (both = the whole region
+    when the float is transparent)."""
+    lo, hi = float_region(chain, i, total_bytes)
+    e = chain[i]
+    if e.transparent:
+        return hi - lo, hi - lo
+    return max(0, e.low - lo), max(0, hi - e.high)
+
+
+def extension_room(chain: Sequence[Extent], i: int, total_bytes: int) -> int:
+    """Most fresh pages one take on band `i` can add beyond its holes."""
+    e = chain[i]
+    if e.kind is Kind.UP:
+        return max(0, min(e.num_pages, bound_above(chain, i, total_bytes) // e.page_bytes) - e.high)
+    if e.kind is Kind.DOWN:
+        floor = max(e.min_page, -(-bound_below(chain, i) // e.page_bytes))
+        return max(0, e.low - floor)
+    if e.kind is Kind.FLOAT:
+        return max(float_gaps(chain, i, total_bytes))
+    if e.kind is Kind.REGION:
+        return e.cap - e.high
+    free = e.cap - sum(x.live * x.page_bytes for x in chain)
+    return max(0, free) // e.page_bytes
+
+
+def take(chain: Sequence[Extent], i: int, n: int, total_bytes: int) -> Optional[Extent]:
+    """Band `i`'s extent after taking `n` pages: holes first, then fresh
+    pages at its growth frontier. None when they do not fit (no move allowed).
+
+    A float extends toward the roomier gap, falling back to the other side;
+    from transparent it centres itself in the free region.
+    """
+    e = chain[i]
+    drain = min(n, e.holes)
+    ext = n - drain
+    out = replace(e, holes=e.holes - drain, live=e.live + n)
+    if ext == 0:
+        return out
+    if ext > extension_room(chain, i, total_bytes):
+        return None
+    if e.kind is Kind.UP or e.kind is Kind.REGION:
+        return replace(out, high=e.high + ext)
+    if e.kind is Kind.DOWN:
+        return replace(out, low=e.low - ext)
+    if e.kind is Kind.BUDGET:
+        return out
+    lo, hi = float_region(chain, i, total_bytes)
+    if e.transparent:
+        start = lo + (hi - lo - ext) // 2
+        return replace(out, low=start, high=start + ext)
+    gap_low, gap_high = e.low - lo, hi - e.high
+    prefer_high = gap_high >= gap_low
+    fits_high, fits_low = ext <= gap_high, ext <= gap_low
+    if fits_high and (prefer_high or not fits_low):
+        return replace(out, high=e.high + ext)
+    return replace(out, low=e.low - ext)
+
+
+def take_all(
+    chain: Sequence[Extent], order: Sequence[int], n: int, total_bytes: int
+) -> Optional[list[Extent]]:
+    """The chain after taking `n` pages on each band of `order`, in that
+    order; None if any does not fit."""
+    out = list(chain)
+    for i in order:
+        e = take(out, i, n, total_bytes)
+        if e is None:
+            return None
+        out[i] = e
+    return out
+
+
+def joint_pages(chain: Sequence[Extent], order: Sequence[int], total_bytes: int) -> int:
+    """Largest `n` such that `n` pages fit on every band of `order` at once.
+
+    Feasibility is monotone in `n` (every band's fresh-page need grows with
+    `n` and its room only shrinks as earlier bands extend), so a binary
+    search over `take_all` is exact.
+    """
+    if not order:
+        return 0
+    hi = min(chain[i].holes + extension_room(chain, i, total_bytes) for i in order)
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if take_all(chain, order, mid, total_bytes) is not None:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def after_urgent_flush(e: Extent) -> Extent:
+    """An END band's extent once an urgent flush packed it (holes reclaimed)."""
+    if e.kind is Kind.UP:
+        return replace(e, high=e.high - e.holes, holes=0)
+    if e.kind is Kind.DOWN:
+        return replace(e, low=e.low + e.holes, holes=0)
+    return e
+
+
+def chain_gap_bytes(chain: Sequence[Extent], sink_bytes: int, total_bytes: int) -> int:
+    """Free bytes between consecutive non-transparent bands (and between a
+    lone END band's frontier and the opposite buffer end). Static regions:
+    the unfilled part of every region. Budget: none (only live and free)."""
+    if chain and chain[0].kind is Kind.REGION:
+        return sum((e.cap - e.high) * e.page_bytes for e in chain)
+    ranges = [(e.low_byte, e.high_byte) for e in chain if not e.transparent]
+    if not ranges:
+        return 0
+    if chain[0].kind is not Kind.UP:
+        ranges.insert(0, (sink_bytes, sink_bytes))
+    if chain[-1].kind is not Kind.DOWN:
+        ranges.append((total_bytes, total_bytes))
+    return sum(max(0, b[0] - a[1]) for a, b in zip(ranges, ranges[1:]))

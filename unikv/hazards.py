@@ -1,0 +1,90 @@
+"""The in-flight forward, as page moves and page reuse must respect it.
+
+A forward launched before a move reads and writes the physical pages its ids
+translated to at launch. So a page the forward WRITES must not be moved
+before it finishes (the copy would miss the write), and a page a move
+VACATED must not be handed out again before the forward stops reading it.
+One done-event covers both hazards: it is recorded after the whole forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+
+class Epoch:
+    """A chain-wide mutation counter; capacity memos are keyed on it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def bump(self) -> None:
+        self.value += 1
+
+
+class Tracked:
+    """A capacity-bearing attribute: every assignment bumps `obj.epoch`.
+
+    Values must be rebound, never mutated in place, so no mutation can slip
+    past the memo invalidation.
+    """
+
+    def __set_name__(self, owner, name: str) -> None:
+        self._slot = "_" + name
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        return getattr(obj, self._slot)
+
+    def __set__(self, obj, value) -> None:
+        setattr(obj, self._slot, value)
+        obj.epoch.bump()
+
+
+class Hazards:
+    """The newest forward's done event and the virtual pages it writes."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+        self.event: Optional[Any] = None
+        self.writes: dict[str, torch.Tensor] = {}
+        self.settles = 0
+
+    def set_forward(self, event: Any, writes: dict[str, torch.Tensor]) -> None:
+        """Record a launched forward; `writes` maps band name -> virtual pages."""
+        self.event = event
+        self.writes = writes
+
+    def clear(self) -> None:
+        self.event = None
+        self.writes = {}
+
+    def pending_event(self) -> Optional[Any]:
+        """The forward's event while it is still running, else None."""
+        if self.event is not None and self.backend.event_done(self.event):
+            self.clear()
+        return self.event
+
+    def settle(self) -> None:
+        """Stream-wait the forward so both hazards are gone for later work."""
+        if self.event is None:
+            return
+        self.backend.wait_event(self.event)
+        self.settles += 1
+        self.clear()
+
+    def written_pages(self, name: str, v2p: torch.Tensor) -> set[int]:
+        """Physical pages of band `name` the running forward writes.
+
+        Translated now, lazily: while the forward runs none of its pages can
+        have moved (every mover settles or stops at them first).
+        """
+        if self.pending_event() is None or name not in self.writes:
+            return set()
+        pages = v2p.index_select(0, self.writes[name])
+        return {p for p in self.backend.to_host(pages) if p >= 0}
