@@ -7,7 +7,13 @@ with ``arrival_s``, ``prompt_tokens``, ``output_tokens`` and optionally
 
 from traces.formats import known_formats
 from traces.loaders import load
-from traces.prefixes import BlockIds, ConversationSpec, conversation_trace, shared_prefix_trace, with_unique_hashes
+from traces.prefixes import (
+    BlockIds,
+    ConversationSpec,
+    conversation_trace,
+    shared_prefix_trace,
+    with_unique_hashes,
+)
 from traces.samples import load_sample
 from traces.schema import (
     REQUIRED_COLUMNS,
@@ -29,7 +35,15 @@ from traces.synthetic import (
     poisson_arrivals,
     synthetic_trace,
 )
-from traces.transforms import clip_to_context, concat, repeat, scale_rate, spread_buckets, subsample, window
+from traces.transforms import (
+    clip_to_context,
+    concat,
+    repeat,
+    scale_rate,
+    spread_buckets,
+    subsample,
+    window,
+)
 from traces.writers import save
 
 __all__ = [

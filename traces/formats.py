@@ -90,7 +90,8 @@ FORMATS: dict[str, Format] = {
         Format(name="lengths", container="csv", prompt="num_prefill_tokens", output="num_decode_tokens",
                description="length-only CSV (no timestamps): num_prefill_tokens,num_decode_tokens,..."),
         Format(name="unikv_csv", container="csv", arrival=ARRIVAL, prompt=PROMPT, output=OUTPUT,
-               rezero=False, description="this package's normalized CSV: arrival_s,prompt_tokens,output_tokens[,prefix_hashes]"),
+               rezero=False,
+               description="normalized CSV: arrival_s,prompt_tokens,output_tokens[,prefix_hashes]"),
         Format(name="unikv_jsonl", container="jsonl", arrival=ARRIVAL, prompt=PROMPT, output=OUTPUT,
                hashes=HASHES, rezero=False, description="normalized JSONL with the schema's field names"),
     )
@@ -146,7 +147,9 @@ def by_name(name: str, peek: Peek, path: object) -> Format:
         raise TraceFormatError(f"format={name!r} is unknown; known formats: {known_formats()}")
     fmt = FORMATS[name]
     if peek.container not in (fmt.container, "empty"):
-        raise TraceFormatError(f"{path}: format={name!r} expects {fmt.container}, but the file is {peek.container}")
+        raise TraceFormatError(
+            f"{path}: format={name!r} expects {fmt.container}, but the file is {peek.container}"
+        )
     if fmt.name == "unikv_csv" and HASHES in peek.fields:
         fmt = dataclasses.replace(fmt, hashes=HASHES)
     return fmt

@@ -17,12 +17,25 @@ import pandas as pd
 
 from traces import formats
 from traces.formats import Format
-from traces.normalize import Parsed, check_hash_lengths, drop_unusable, parse, sort_by_arrival, to_frame
+from traces.normalize import (
+    Parsed,
+    check_hash_lengths,
+    drop_unusable,
+    parse,
+    sort_by_arrival,
+    to_frame,
+)
 from traces.readers import Peek, peek, read_csv, read_jsonl
-from traces.schema import HASHES, TraceFormatError, TraceMeta, hash_column, validate, with_meta
+from traces.schema import (
+    HASHES,
+    TraceFormatError,
+    TraceMeta,
+    hash_column,
+    validate,
+    with_meta,
+)
 from traces.synthetic import poisson_arrivals
 from traces.transforms import spread_buckets
-
 
 
 def sidecar(path: str | Path) -> Path:
@@ -34,7 +47,7 @@ def sidecar(path: str | Path) -> Path:
 def load(
     path: str | Path,
     *,
-    format: str | None = None,  # noqa: A002 - the natural name for callers
+    format: str | None = None,
     columns: Mapping[str, str] | None = None,
     time_unit: str = "s",
     block_tokens: int | None = None,
@@ -111,10 +124,8 @@ def _load_rows(path: Path, fmt: Format, *, rate_rps: float | None, seed: int, ma
     check_hash_lengths(path, parsed, base.block_tokens)
     parsed, resorted = sort_by_arrival(path, parsed)
     arrival = _final_arrivals(parsed, rate_rps, seed)
-    meta = TraceMeta(
-        source=base.source, format=fmt.name, block_tokens=base.block_tokens if parsed.hashes else None,
-        rows_read=len(raw), dropped=dropped, history=base.history, time_origin=parsed.origin, resorted=resorted,
-    )
+    saved = not fmt.rezero and sidecar(path).is_file()
+    meta = _final_meta(base, fmt, len(raw), dropped, parsed, resorted, saved=saved)
     if rate_rps is not None:
         meta = meta.with_step(f"poisson_arrivals(rate_rps={rate_rps}, seed={seed})")
     df = to_frame(parsed, arrival_s=arrival, meta=meta)
@@ -142,6 +153,20 @@ def _base_meta(path: Path, fmt: Format) -> TraceMeta:
         raise TraceFormatError(f"{side}: unreadable metadata sidecar: {exc}") from exc
     block = fmt.block_tokens if fmt.block_tokens is not None else saved.block_tokens
     return saved.with_step(f"reloaded from {path}", block_tokens=block)
+
+
+def _final_meta(
+    base: TraceMeta, fmt: Format, rows_read: int, dropped: dict[str, int], p: Parsed, resorted: bool, *, saved: bool
+) -> TraceMeta:
+    """Metadata of a fresh load; a reloaded normalized file keeps its saved counts."""
+    block = base.block_tokens if p.hashes else None
+    if saved:  # from a sidecar: the original source's metadata
+        merged = {k: base.dropped.get(k, 0) + dropped.get(k, 0) for k in {*base.dropped, *dropped}}
+        return dataclasses.replace(base, block_tokens=block, dropped=merged, resorted=base.resorted or resorted)
+    return TraceMeta(
+        source=base.source, format=fmt.name, block_tokens=block, rows_read=rows_read, dropped=dropped,
+        time_origin=p.origin, resorted=resorted,
+    )
 
 
 def _final_arrivals(p: Parsed, rate_rps: float | None, seed: int) -> np.ndarray:

@@ -19,7 +19,13 @@ import pandas as pd
 
 from traces.formats import TIME_UNITS, Format
 from traces.readers import RawTable
-from traces.schema import TraceFormatError, TraceMeta, TraceWarning, expected_blocks, make_frame
+from traces.schema import (
+    TraceFormatError,
+    TraceMeta,
+    TraceWarning,
+    expected_blocks,
+    make_frame,
+)
 
 FAILED = "failed_responses"
 NONPOSITIVE = "nonpositive_lengths"
@@ -70,10 +76,14 @@ def _bad_value(path: Path, line: int, column: str, value: Any, expected: str) ->
     return TraceFormatError(f"{path} line {line}: column {column!r} = {value!r}, expected {expected}")
 
 
+_MAX_TOKENS = 2**53  # beyond this a float64 no longer holds every integer
+
+
 def _ints(path: Path, values: list[Any], column: str, lines: np.ndarray) -> np.ndarray:
     nums = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=np.float64)
     with np.errstate(invalid="ignore"):
-        bad = ~np.isfinite(nums) | (nums != np.floor(nums))
+        bad = ~np.isfinite(nums) | (nums != np.floor(nums)) | (np.abs(nums) > _MAX_TOKENS)
+    bad |= np.fromiter((isinstance(v, bool) for v in values), dtype=bool, count=len(values))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise _bad_value(path, int(lines[i]), column, values[i], "an integer token count")

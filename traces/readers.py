@@ -125,7 +125,9 @@ def _header(row: Sequence[str]) -> tuple[str, ...]:
     return tuple(name.strip() for name in row)
 
 
-def missing_columns_error(path: Path, missing: Sequence[str], found: Sequence[str], expected: Sequence[str]) -> TraceFormatError:
+def missing_columns_error(
+    path: Path, missing: Sequence[str], found: Sequence[str], expected: Sequence[str]
+) -> TraceFormatError:
     """Build the error for absent columns, naming found and expected ones."""
     return TraceFormatError(
         f"{path}: missing column(s) {list(missing)}; found {list(found)}; expected {list(expected)}"

@@ -62,7 +62,7 @@ def summarize(df: pd.DataFrame) -> dict[str, Any]:
     t = df[ARRIVAL].to_numpy()
     span = float(t[-1] - t[0]) if len(t) else 0.0
     out: dict[str, Any] = {
-        "rows": int(len(df)),
+        "rows": len(df),
         "format": df.attrs.get("format"),
         "dropped": dict(df.attrs.get("dropped", {})),
         "span_s": span,

@@ -90,7 +90,7 @@ def subsample(
     if fraction is not None:
         if not 0.0 <= fraction <= 1.0:
             raise TraceFormatError(f"subsample(fraction={fraction}): expected 0 <= fraction <= 1")
-        n = int(round(fraction * len(df)))
+        n = round(fraction * len(df))
     if not 0 <= n <= len(df):
         raise TraceFormatError(f"subsample(n={n}): expected 0 <= n <= {len(df)} (the trace's rows)")
     pick = np.sort(np.random.default_rng(seed).choice(len(df), size=n, replace=False))

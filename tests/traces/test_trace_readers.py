@@ -37,7 +37,8 @@ def test_read_csv_line_numbers_skip_blank_lines(write):
 
 
 def test_read_csv_errors_name_columns_and_lines(write):
-    with pytest.raises(TraceFormatError, match=r"missing column\(s\) \['c'\]; found \['a', 'b'\]; expected \['a', 'c'\]"):
+    expected = r"missing column\(s\) \['c'\]; found \['a', 'b'\]; expected \['a', 'c'\]"
+    with pytest.raises(TraceFormatError, match=expected):
         read_csv(write("a,b\n1,2\n"), ["a", "c"])
     with pytest.raises(TraceFormatError, match="line 3: expected 2 fields as in the header, found 3"):
         read_csv(write("a,b\n1,2\n3,4,5\n"), ["a"])

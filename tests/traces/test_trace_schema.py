@@ -6,7 +6,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from traces.schema import TraceFormatError, TraceMeta, expected_blocks, make_frame, meta_of, validate, with_meta
+from traces.schema import (
+    TraceFormatError,
+    TraceMeta,
+    expected_blocks,
+    make_frame,
+    meta_of,
+    validate,
+    with_meta,
+)
 
 
 def _frame(bt: int | None = None, **kw) -> pd.DataFrame:

@@ -31,13 +31,16 @@ class EndBand(BandAllocator):
     def reset(self) -> None:
         self.kind = Kind.UP if self.geom.band.grow is Grow.UP else Kind.DOWN
         self.up = self.kind is Kind.UP
-        self.watermark = self.geom.min_page if self.up else self.geom.num_pages
         self.live = 0
-        self.holes = self.backend.arange(0, 0)
+        self._reset_frontier()
         # Pages a move vacated while the forward still read them:
         # [(event, host page list, device tensor)], oldest first.
         self.pending: list[tuple[object, list[int], torch.Tensor]] = []
         self.pending_set: set[int] = set()
+
+    def _reset_frontier(self) -> None:
+        self.watermark = self.geom.min_page if self.up else self.geom.num_pages
+        self.holes = self.backend.arange(0, 0)
 
     @property
     def lazy(self) -> bool:
@@ -78,8 +81,11 @@ class EndBand(BandAllocator):
         if n == 0:
             return 0
         if self.lazy:
-            self.holes = torch.cat([self.holes, p_pages])
             self.live = self.live - n
+            if self.live == 0 and not self.pending:
+                self._reset_frontier()  # nothing live: the whole range is free
+            else:
+                self.holes = torch.cat([self.holes, p_pages])
             return 0
         return self._compact_now(self.backend.to_host(p_pages))
 

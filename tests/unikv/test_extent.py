@@ -1,0 +1,62 @@
+"""The pure band arithmetic, on hand-built chains."""
+
+from unikv.extent import Extent, Kind, bound_above, bound_below, chain_gap_bytes, joint_pages, take
+
+TOTAL = 10_000
+
+
+def up(high, holes=0, live=None):
+    return Extent(Kind.UP, 1000, 1, 10, 1, high, holes, high - 1 - holes if live is None else live)
+
+
+def flt(low, high, holes=0):
+    return Extent(Kind.FLOAT, 100, 10, 100, low, high, holes, high - low - holes)
+
+
+def down(low, holes=0):
+    return Extent(Kind.DOWN, 200, 5, 50, low, 50, holes, 50 - low - holes)
+
+
+def test_walks_see_through_a_transparent_float():
+    chain = [up(3), flt(0, 0), down(40)]
+    assert bound_above(chain, 0, TOTAL) == 8000  # full's low byte, through the float
+    assert bound_below(chain, 2) == 3000
+    chain = [up(3), flt(40, 50), down(40)]
+    assert bound_above(chain, 0, TOTAL) == 4000
+    assert bound_below(chain, 2) == 5000
+
+
+def test_end_takes_holes_first_then_extends():
+    chain = [up(3), flt(0, 0), down(40, holes=2)]
+    e = take(chain, 2, 5, TOTAL)
+    assert (e.low, e.holes, e.live) == (37, 0, 13)
+    assert take(chain, 2, 2 + 25, TOTAL).low == 15  # up's frontier: 3000 B = full page 15
+    assert take(chain, 2, 2 + 26, TOTAL) is None
+    chain = [up(1), flt(0, 0), down(40)]
+    assert take(chain, 2, 35, TOTAL).low == 5  # down to full's min_page
+
+
+def test_float_centres_from_empty_and_extends_toward_roomier_gap():
+    chain = [up(1), flt(0, 0), down(50)]
+    e = take(chain, 1, 10, TOTAL)
+    # region [10, 100): start = 10 + (90 - 10) // 2
+    assert (e.low, e.high) == (50, 60)
+    chain = [up(1), flt(40, 50), down(40)]  # gaps: low 30 pages, high 80-50=30
+    assert (take(chain, 1, 5, TOTAL).low, take(chain, 1, 5, TOTAL).high) == (40, 55)
+    chain = [up(1), flt(30, 50), down(40)]  # low 20, high 30 -> high
+    assert take(chain, 1, 25, TOTAL).high == 75
+    assert take(chain, 1, 31, TOTAL) is None
+
+
+def test_joint_pages_three_band_hand_computed():
+    # empty chain: n tokens cost 300 B of 9000 free -> 30
+    assert joint_pages([up(1), flt(0, 0), down(50)], [2, 1], TOTAL) == 30
+    # float [40,50), full [40,50): full can only reach swa's high byte 5000 = page 25
+    assert joint_pages([up(1), flt(40, 50), down(40)], [2, 1], TOTAL) == 15
+
+
+def test_gap_bytes():
+    assert chain_gap_bytes([up(3), flt(0, 0), down(40)], 1000, TOTAL) == 5000
+    assert chain_gap_bytes([up(3), flt(40, 50), down(40)], 1000, TOTAL) == 1000 + 3000
+    lone = [Extent(Kind.DOWN, 100, 1, 10, 7, 10, 0, 3)]
+    assert chain_gap_bytes(lone, 100, 1000) == 600

@@ -1,0 +1,103 @@
+"""The FLOAT band on the 3-band layout mamba(up) | swa(float) | full(down).
+
+Grids (page_size 1): mamba pages 1..9 (1000 B), swa 10..99 (100 B),
+full 5..49 (200 B); buffer 10,000 B, sink 1,000 B.
+"""
+
+import pytest
+import torch
+
+from factories import fill, pool, read, three_band
+from unikv import Side
+
+
+@pytest.fixture
+def p():
+    p = pool(three_band(), "lazy")
+    v = p.alloc(10)
+    p.v = v
+    p.data = fill(p, v, "swa", 7)
+    return p
+
+
+def span(p):
+    b = p.bands["swa"]
+    return b.low, b.high
+
+
+def test_float_centres_in_the_free_region_from_empty(p):
+    # full took [40, 50) -> its low byte 8000 = swa page 80; region [10, 80)
+    assert span(p) == (40, 50)
+    assert p.translate(p.v, "swa").tolist() == list(range(40, 50))
+    assert p.translate(p.v, "full").tolist() == list(range(40, 50))
+    assert p.available_size() == 15  # full reaches swa's high byte 5000 = page 25
+    assert p.available_state("mamba") == 3  # swa low byte 4000 -> mamba pages 1..3
+
+
+def test_float_extends_toward_the_roomier_gap(p):
+    w = p.alloc(5)  # full [35, 40); swa gaps: low 30, high 70-50=20 -> low
+    assert span(p) == (35, 50)
+    assert p.translate(w, "swa").tolist() == [35, 36, 37, 38, 39]
+
+
+def test_release_marks_holes_reused_first_and_absorbed_at_flush(p):
+    p.release(p.v[[0, 5]], "swa")  # holes at 40 (boundary) and 45
+    assert span(p) == (40, 50) and p.bands["swa"].live == 8
+    w = p.alloc(1)
+    assert p.translate(w, "swa").item() in (40, 45)
+    p.release(w, "swa")
+    p.flush()
+    assert span(p) == (41, 50)  # boundary hole absorbed, 45 stays interior
+    assert p.bands["swa"].holes.tolist() == [45]
+    assert p.verify() == []
+
+
+def test_empty_float_parks_and_turns_transparent(p):
+    p.release(p.v, "swa")
+    occ = p.occupancy()["bands"]["swa"]
+    assert occ["transparent"] and occ["occupied_bytes"] == 0
+    assert p.translate(p.v, "swa").tolist() == [0] * 10  # tombstones -> sink
+    assert p.available_state("mamba") == 7  # now up to full's low byte 8000
+
+
+def test_make_room_moves_the_fewest_boundary_pages(p):
+    assert p.bands["swa"].gap_bytes(Side.HIGH) == 3000
+    opened = p.make_room("high", 3500)  # need 5 more pages on the high side
+    assert opened == 3500
+    assert span(p) == (35, 45)
+    assert p.translate(p.v[5:], "swa").tolist() == [35, 36, 37, 38, 39]  # 49->39 ... 45->35
+    assert torch.equal(read(p, p.v, "swa"), p.data)
+    assert p.stats()["moves"] == 5 and p.stats()["relocations"] == 1
+    assert p.verify() == []
+
+
+def test_make_room_leapfrogs_when_it_would_move_every_page(p):
+    assert p.make_room("low", 6000) == 6000  # needs 30 pages: > 10 live
+    assert span(p) == (70, 80)  # packed against the region's high edge
+    assert torch.equal(read(p, p.v, "swa"), p.data)
+    assert p.verify() == []
+
+
+def test_make_room_impossible_leaves_state_unchanged(p):
+    before = p.translate(p.v, "swa").clone()
+    assert p.make_room("low", 6100) == 3000  # region 70 pages - 10 live = 6000 B max
+    assert torch.equal(p.translate(p.v, "swa"), before) and p.stats()["moves"] == 0
+
+
+def test_compact_holes_closes_every_hole_in_order(p):
+    p.release(p.v[[2, 7]], "swa")  # holes 42, 47
+    assert p.compact_holes("high") == 6  # 43..46 -> 42..45, 48, 49 -> 46, 47
+    assert span(p) == (40, 48)
+    keep = [0, 1, 3, 4, 5, 6, 8, 9]
+    assert p.translate(p.v[keep], "swa").tolist() == list(range(40, 48))
+    assert torch.equal(read(p, p.v[keep], "swa"), p.data[keep])
+    assert p.verify() == []
+
+
+def test_relocation_settles_the_in_flight_forward(p):
+    from unikv.backends import SimEvent
+
+    ev = SimEvent()
+    p.set_inflight_forward(ev, write_ids=p.v)
+    p.make_room("high", 3500)
+    assert ev.fired

@@ -1,0 +1,209 @@
+"""UnifiedPool's public surface: ids, paged allocs, errors, views."""
+
+import pytest
+import torch
+
+from factories import fill, full_swa, mamba_full, one_band, pool, read, same, snapshot, three_band
+from unikv import Band, Layout, UnifiedPool
+from unikv.backends import SimBackend, SimEvent
+
+
+def test_alloc_returns_page_structured_token_ids():
+    p = pool(one_band("up", page_size=4, total=4000), "lazy")
+    v = p.alloc(8)
+    assert v.tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+    assert p.translate(v, "full").tolist() == [4, 5, 6, 7, 8, 9, 10, 11]  # pages 1, 2
+    assert p.alloc(0).numel() == 0
+
+
+def test_virtual_id_returns_only_when_no_band_binds_it():
+    p = pool(full_swa(), "lazy")
+    v = p.alloc(3)
+    free_before = p.vids.free_count
+    p.release(v[:1], "swa")
+    assert p.vids.free_count == free_before  # still bound on full
+    p.release(v[:1], "full")
+    assert p.vids.free_count == free_before + 1
+    assert p.translate(v[:1], "full").tolist() == [0]
+    p.free(v[1:])
+    assert p.vids.free_count == free_before + 3
+    assert p.verify() == []
+
+
+def test_release_filters_tombstones_and_the_sink_and_is_idempotent():
+    p = pool(full_swa(page_size=2), "lazy")
+    v = p.alloc(6)  # pages 1, 2, 3 -> tokens 2..7
+    p.release(v[:2], "swa")
+    moves = p.stats()["freed_pages"]
+    p.release(torch.tensor([0, 1, 2, 3]), "swa")  # sink page 0 + already released page 1
+    assert p.stats()["freed_pages"] == moves
+    assert p.verify() == []
+
+
+def test_release_with_start_pos_uses_page_representatives():
+    p = pool(full_swa(page_size=4, total=40_000), "lazy")
+    v = p.alloc(12)  # pages 1..3 -> tokens 4..15
+    p.release(v[3:9], "swa", start_pos=3)  # positions 3..8 -> pages of 3, 4..7, 8
+    swa = p.bands["swa"]
+    assert (swa.v2p[torch.tensor([1, 2, 3])] >= 0).tolist() == [False, False, False]
+    assert p.verify() == []
+
+
+def test_paged_extend_and_decode_reuse_the_tail_page():
+    p = pool(one_band("down", page_size=4, total=4000), "lazy")
+    out = p.alloc_extend([0], [6], [-1], 6)
+    assert out.tolist() == [4, 5, 6, 7, 8, 9]  # pages 1, 2
+    out = p.alloc_extend([6], [9], [9])
+    assert out.tolist() == [10, 11, 12]  # tail of page 2, then page 3
+    out = p.alloc_decode([10], [12])
+    assert out.tolist() == [13]
+    assert p.stats()["allocated_pages"] == 3
+
+
+def test_paged_extend_batch_consumes_new_pages_in_batch_order():
+    p = pool(one_band("down", page_size=4, total=4000), "lazy")
+    a = p.alloc(4)  # page 1: tokens 4..7
+    out = p.alloc_extend([0, 2], [3, 7], [-1, a[1]], 8)
+    # req 0: page 2 -> 8, 9, 10; req 1: tail 6, 7 then page 3 -> 12, 13, 14
+    assert out.tolist() == [8, 9, 10, 6, 7, 12, 13, 14]
+    out = p.alloc_decode([4, 8], [10, 14])
+    assert out.tolist() == [11, 15]  # both in their tail pages: no new page
+    out = p.alloc_decode([5, 9], [11, 15])
+    assert out.tolist() == [16, 20]
+
+
+def test_state_surface():
+    p = pool(mamba_full(), "lazy")
+    s = p.alloc_state("mamba", 2)
+    assert s.tolist() == [1, 2] and p.translate(s, "mamba").tolist() == [1, 2]
+    assert p.available_state("mamba") == 7
+    p.free_state("mamba", s[:1])
+    assert p.translate(s, "mamba").tolist() == [0, 2]
+    assert p.alloc_state("mamba", 0).numel() == 0
+    assert p.verify() == []
+
+
+def test_translate_kernel_ids_scale_by_blocks_per_page():
+    layout = Layout(total_bytes=100_000, bands=[
+        Band("full", entry_bytes=100, grow="up", page_size=4, blocks_per_page=6)])
+    p = UnifiedPool(layout)
+    v = p.alloc(8)  # physical pages 1, 2
+    assert p.translate(v, "full", kernel=True).tolist() == [24, 25, 26, 27, 48, 49, 50, 51]
+
+
+def test_buffer_view_is_a_strided_view_of_one_buffer():
+    p = pool(three_band())
+    view = p.buffer_view("swa")
+    assert view.shape == (100, 100) and view.dtype == torch.uint8
+    view[10, 0] = 7
+    assert p.buffer[1000] == 7
+    with pytest.raises(ValueError, match="materialize=True"):
+        UnifiedPool(three_band()).buffer_view("swa")
+
+
+def test_occupancy_bytes_add_up():
+    p = pool(three_band(), "lazy")
+    v = p.alloc(10)
+    p.alloc_state("mamba", 2)
+    p.release(v[3:5], "swa")
+    occ = p.occupancy()
+    swa = occ["bands"]["swa"]
+    assert (swa["low_byte"], swa["high_byte"], swa["hole_bytes"]) == (4000, 5000, 200)
+    assert occ["free_bytes"] == 10_000 - 1000 - (2000 + 800 + 2000)
+    assert occ["gap_bytes"] == (4000 - 3000) + (8000 - 5000)
+
+
+def test_freeing_everything_returns_the_cleared_state():
+    for layout in (full_swa(page_size=2), three_band(), mamba_full()):
+        for mode in ("eager", "lazy"):
+            p = pool(layout, mode)
+            fresh = pool(layout, mode)
+            v = p.alloc(8)
+            s = p.alloc_state("mamba", 2) if "mamba" in p.bands else None
+            if "swa" in p.bands:
+                p.release(v[:4], "swa")
+            p.free(v)
+            if s is not None:
+                p.free_state("mamba", s)
+            assert p.occupancy() == fresh.occupancy()
+            assert p.available_size() == fresh.available_size()
+            for name in p.bands:
+                assert torch.equal(p.bands[name].v2p, fresh.bands[name].v2p)
+            assert sorted(p.vids.free.tolist()) == fresh.vids.free.tolist()
+            assert p.verify() == []
+
+
+def test_clear_resets_but_keeps_counters():
+    p = pool(three_band())
+    p.alloc(8)
+    p.clear()
+    assert p.occupancy() == pool(three_band()).occupancy()
+    assert p.stats()["allocated_pages"] == 16
+
+
+# -- bad input: a clear error, state unchanged --
+
+BAD_CALLS = [
+    (lambda p, v: p.alloc(3), "multiple of page_size=2"),
+    (lambda p, v: p.alloc(-2), ">= 0"),
+    (lambda p, v: p.alloc(2.0), "must be an integer"),
+    (lambda p, v: p.free(torch.tensor([10**9])), "outside"),
+    (lambda p, v: p.free(torch.tensor([40])), "not allocated"),
+    (lambda p, v: p.free(torch.tensor([1.5])), "not an integer dtype"),
+    (lambda p, v: p.free(torch.zeros(2, 2, dtype=torch.long)), "not 1-D"),
+    (lambda p, v: p.release(v, "mamba"), "request \\(state\\) band"),
+    (lambda p, v: p.release(v, "nope"), "unknown band 'nope'"),
+    (lambda p, v: p.release(torch.tensor([60]), "swa"), "not allocated"),
+    (lambda p, v: p.alloc_state("swa", 1), "token band"),
+    (lambda p, v: p.free_state("mamba", [1, 1]), "repeat"),
+    (lambda p, v: p.free_state("mamba", [3]), "not allocated"),
+    (lambda p, v: p.free_state("mamba", [0]), "outside"),
+    (lambda p, v: p.translate([10**9], "full"), "outside"),
+    (lambda p, v: p.alloc_extend([0], [4, 4], [0]), "lengths"),
+    (lambda p, v: p.alloc_extend([4], [2], [0]), "below prefix_lens"),
+    (lambda p, v: p.alloc_extend([0], [4], [0], 5), "extend_num_tokens=5"),
+    (lambda p, v: p.alloc_extend([3], [4], [v[1]]), "last position"),
+    (lambda p, v: p.alloc_extend([3], [4], [50]), "not on allocated pages"),
+    (lambda p, v: p.alloc_decode([0], [0]), ">= 1"),
+    (lambda p, v: p.make_room("left", 10), "'low' or 'high'"),
+    (lambda p, v: UnifiedPool(three_band(), compaction="sometimes"), "'lazy' or 'eager'"),
+]
+
+
+@pytest.mark.parametrize("call, needle", BAD_CALLS)
+def test_bad_input_raises_and_leaves_state_unchanged(call, needle):
+    p = pool(three_band(page_size=2), "lazy")
+    v = p.alloc(8)
+    p.alloc_state("mamba", 2)
+    p.free(v[6:])
+    fill(p, v[:6], "swa", 9)
+    v = v[:6]
+    before = snapshot(p)
+    with pytest.raises(ValueError, match=needle):
+        call(p, v)
+    assert same(before, snapshot(p))
+    assert p.verify() == []
+
+
+def test_double_free_is_rejected():
+    p = pool(three_band(), "eager")
+    v = p.alloc(4)
+    p.free(v)
+    with pytest.raises(ValueError, match="already freed"):
+        p.free(v)
+
+
+def test_no_token_band_layout():
+    layout = Layout(total_bytes=10_000, bands=[Band("mamba", entry_bytes=1000, grow="up", unit="request")])
+    p = UnifiedPool(layout)
+    assert p.available_size() == 0
+    with pytest.raises(ValueError, match="no token band"):
+        p.alloc(1)
+    assert p.alloc_state("mamba", 9) is not None and p.alloc_state("mamba", 1) is None
+
+
+def test_set_inflight_forward_checks_its_arguments():
+    p = pool(three_band())
+    with pytest.raises(ValueError, match="token band"):
+        p.set_inflight_forward(SimEvent(), state_write_ids={"swa": [1]})
+    assert SimBackend().event_done(SimEvent()) is False
