@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from unikv.extent import Extent, Kind, after_urgent_flush, chain_gap_bytes, extension_room, joint_pages
+from unikv.extent import (
+    Extent, Kind, after_urgent_flush, chain_gap_bytes, extension_room, joint_pages, take_all,
+)
 from unikv.hazards import Epoch
 from unikv.layout import Layout
 
@@ -40,7 +42,18 @@ class Chain:
     def joint_pages(self, order: Sequence[int], schedulable: bool = False) -> int:
         """Pages a coupled take on every band of `order` gets without a move."""
         key = ("joint", tuple(order), schedulable)
-        return self._memoised(key, lambda: joint_pages(self.extents(schedulable), order, self.total_bytes))
+        hint = self._memo.get(key, (None, 0))[1]
+        return self._memoised(
+            key, lambda: joint_pages(self.extents(schedulable), order, self.total_bytes, hint))
+
+    def fits_joint(self, order: Sequence[int], pages: int) -> bool:
+        """Whether `pages` pages fit on every band of `order` without a move
+        (one feasibility walk: cheaper than the full capacity search)."""
+        key = ("joint", tuple(order), False)
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] == self.epoch.value:
+            return pages <= hit[1]
+        return take_all(self.extents(), order, pages, self.total_bytes) is not None
 
     def band_pages(self, i: int, schedulable: bool = False) -> int:
         """Pages one take on band `i` alone gets without a move."""

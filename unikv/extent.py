@@ -11,8 +11,7 @@ this one function, `alloc(n)` succeeds for every `n` the capacity views admit.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 
 class Kind(enum.Enum):
@@ -25,8 +24,7 @@ class Kind(enum.Enum):
     BUDGET = "budget"  # no geometry, a share of one byte budget (oracle)
 
 
-@dataclass(frozen=True)
-class Extent:
+class Extent(NamedTuple):
     """One band's state as the capacity arithmetic sees it.
 
     Attributes:
@@ -130,27 +128,27 @@ def take(chain: Sequence[Extent], i: int, n: int, total_bytes: int) -> Optional[
     e = chain[i]
     drain = min(n, e.holes)
     ext = n - drain
-    out = replace(e, holes=e.holes - drain, live=e.live + n)
+    out = e._replace(holes=e.holes - drain, live=e.live + n)
     if ext == 0:
         return out
     if ext > extension_room(chain, i, total_bytes):
         return None
     if e.kind is Kind.UP or e.kind is Kind.REGION:
-        return replace(out, high=e.high + ext)
+        return out._replace(high=e.high + ext)
     if e.kind is Kind.DOWN:
-        return replace(out, low=e.low - ext)
+        return out._replace(low=e.low - ext)
     if e.kind is Kind.BUDGET:
         return out
     lo, hi = float_region(chain, i, total_bytes)
     if e.transparent:
         start = lo + (hi - lo - ext) // 2
-        return replace(out, low=start, high=start + ext)
+        return out._replace(low=start, high=start + ext)
     gap_low, gap_high = e.low - lo, hi - e.high
     prefer_high = gap_high >= gap_low
     fits_high, fits_low = ext <= gap_high, ext <= gap_low
     if fits_high and (prefer_high or not fits_low):
-        return replace(out, high=e.high + ext)
-    return replace(out, low=e.low - ext)
+        return out._replace(high=e.high + ext)
+    return out._replace(low=e.low - ext)
 
 
 def take_all(
@@ -167,20 +165,35 @@ def take_all(
     return out
 
 
-def joint_pages(chain: Sequence[Extent], order: Sequence[int], total_bytes: int) -> int:
+def joint_pages(
+    chain: Sequence[Extent], order: Sequence[int], total_bytes: int, hint: int = 0
+) -> int:
     """Largest `n` such that `n` pages fit on every band of `order` at once.
 
     Feasibility is monotone in `n` (every band's fresh-page need grows with
-    `n` and its room only shrinks as earlier bands extend), so a binary
-    search over `take_all` is exact.
+    `n` and its room only shrinks as earlier bands extend), so a search over
+    `take_all` is exact. It gallops out from `hint` (e.g. the previous
+    answer, which moves little between calls) before bisecting.
     """
     if not order:
         return 0
     hi = min(chain[i].holes + extension_room(chain, i, total_bytes) for i in order)
-    lo = 0
+    fits = lambda n: take_all(chain, order, n, total_bytes) is not None  # noqa: E731
+    lo, step = 0, 1
+    probe = min(max(hint, 0), hi)
+    if probe and fits(probe):
+        lo = probe
+        while lo < hi and fits(min(hi, lo + step)):
+            lo, step = min(hi, lo + step), step * 2
+        hi = min(hi, lo + step - 1) if lo < hi else lo
+    elif probe:
+        hi = probe - 1
+        while hi > 0 and not fits(max(0, hi - step)):
+            hi, step = max(0, hi - step) - 1, step * 2
+        lo = max(0, hi - step)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if take_all(chain, order, mid, total_bytes) is not None:
+        if fits(mid):
             lo = mid
         else:
             hi = mid - 1
@@ -190,9 +203,9 @@ def joint_pages(chain: Sequence[Extent], order: Sequence[int], total_bytes: int)
 def after_urgent_flush(e: Extent) -> Extent:
     """An END band's extent once an urgent flush packed it (holes reclaimed)."""
     if e.kind is Kind.UP:
-        return replace(e, high=e.high - e.holes, holes=0)
+        return e._replace(high=e.high - e.holes, holes=0)
     if e.kind is Kind.DOWN:
-        return replace(e, low=e.low + e.holes, holes=0)
+        return e._replace(low=e.low + e.holes, holes=0)
     return e
 
 

@@ -11,7 +11,8 @@ class IdSpace:
     """Virtual page ids `1..size-1` (0 is the sink) with a bind count each.
 
     An id is live while at least one band binds it; it returns to the free
-    list when the last band lets go.
+    list when the last band lets go. The free list is a preallocated stack,
+    so taking and returning `k` ids costs O(k) whatever the id space size.
     """
 
     def __init__(self, backend, size: int, holders: int) -> None:
@@ -21,32 +22,43 @@ class IdSpace:
         self.reset()
 
     def reset(self) -> None:
-        self.free = self.backend.arange(1, self.size)
+        # Stored descending so the first takes hand out 1, 2, 3, ...
+        self._stack = torch.flip(self.backend.arange(1, self.size), (0,))
+        self._top = self.size - 1
         self.binds = torch.zeros(self.size, dtype=torch.int16, device=self.backend.device)
 
     @property
+    def free(self) -> torch.Tensor:
+        """The free ids (a view, next-to-take last)."""
+        return self._stack[: self._top]
+
+    @property
     def free_count(self) -> int:
-        return int(self.free.numel())
+        return self._top
 
     def take(self, n: int) -> torch.Tensor:
         """The next `n` free ids, bound on all holders. Caller checked n fits."""
-        ids, self.free = self.free[:n], self.free[n:]
+        ids = torch.flip(self._stack[self._top - n: self._top], (0,))
+        self._top -= n
         self.binds[ids] = self.holders
         return ids
+
+    def _push(self, ids: torch.Tensor) -> None:
+        k = int(ids.numel())
+        self._stack[self._top: self._top + k] = ids
+        self._top += k
 
     def drop(self, ids: torch.Tensor) -> None:
         """One holder lets go of each of `ids`; ids nobody holds come back."""
         if ids.numel() == 0:
             return
         self.binds[ids] -= 1
-        gone = ids[self.binds[ids] == 0]
-        if gone.numel():
-            self.free = torch.cat([self.free, gone])
+        self._push(ids[self.binds[ids] == 0])
 
     def drop_all(self, ids: torch.Tensor) -> None:
         """Every holder lets go of `ids` (unique)."""
         self.binds[ids] = 0
-        self.free = torch.cat([self.free, ids])
+        self._push(ids)
 
     def live_count(self) -> int:
         return int((self.binds > 0).sum())

@@ -176,7 +176,7 @@ class UnifiedPool:
         """Fresh virtual pages bound on every token band, or None."""
         if pages == 0:
             return self.backend.arange(0, 0)
-        fits = lambda: pages <= self.chain.joint_pages(self.token_order)  # noqa: E731
+        fits = lambda: self.chain.fits_joint(self.token_order, pages)  # noqa: E731
         if not fits():
             demand = {i: pages for i in self.token_order}
             if not relieve(self.chain, demand, fits, self.counters):

@@ -112,5 +112,12 @@ def paged_extend(
 def paged_decode(
     seq_lens: torch.Tensor, last_loc: torch.Tensor, new_pages: torch.Tensor, page_size: int
 ) -> torch.Tensor:
-    """One new token per request at position `seq - 1` (decode's extend)."""
-    return paged_extend(seq_lens - 1, seq_lens, last_loc, new_pages, page_size)
+    """One new token per request at position `seq - 1` (decode's extend):
+    `last_loc + 1` inside the tail page, else the next fresh page's slot 0."""
+    pos = seq_lens - 1
+    opens = pos % page_size == 0
+    if new_pages.numel() == 0:
+        return last_loc + 1
+    k = torch.cumsum(opens, 0) - 1
+    fresh = new_pages[k.clamp_(min=0)] * page_size
+    return torch.where(opens, fresh, last_loc + 1)
