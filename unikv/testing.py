@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 import torch
 
-from unikv.layout import Unit
+from unikv.layout import Band, Layout, Unit
 
 DEFAULT_WEIGHTS = {
     "new": 10.0,  # admit 1-3 requests through alloc_extend (prefix 0)
@@ -49,14 +49,52 @@ DEFAULT_WEIGHTS = {
 }
 
 
+_NOISE = torch.randint(0, 256, (1 << 16,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+
+
 def pattern_rows(stamps: torch.Tensor, entry_bytes: int) -> torch.Tensor:
-    """`[n, entry_bytes]` uint8 rows, a distinct hash pattern per stamp."""
-    j = torch.arange(entry_bytes, dtype=torch.int64)
-    x = stamps.to(torch.int64)[:, None] * 0x9E3779B1 + j[None, :] * 0x85EBCA6B + 0x165667B1
-    x = x ^ (x >> 15)
-    x = x * 0x2C1B3C6D
-    x = x ^ (x >> 13)
-    return (x & 0xFF).to(torch.uint8)
+    """`[n, entry_bytes]` uint8 rows, distinct per stamp: the stamp's
+    little-endian bytes, then a noise window the stamp selects."""
+    stamps = stamps.to(torch.int64)
+    span = _NOISE.numel() - entry_bytes
+    if span <= 0:
+        raise ValueError(f"entry_bytes={entry_bytes} exceeds the {_NOISE.numel()}-byte pattern source")
+    rows = _NOISE.unfold(0, entry_bytes, 1)[(stamps * 7919) % span]
+    k = min(8, entry_bytes)
+    rows[:, :k] = stamps.reshape(-1, 1).view(torch.uint8)[:, :k]
+    return rows
+
+
+CHAINS = ("full", "full|swa", "swa|full", "mamba|full", "mamba|swa|full")
+ENTRY_BYTES = {"full": 700, "swa": 300, "mamba": 5000}  # no one a multiple of another
+
+
+def make_layout(chain: str, page_size: int, tokens: int, states: int = 8,
+                entry_bytes: Optional[dict] = None) -> Layout:
+    """A small layout for soak and property tests.
+
+    Args:
+        chain: band names low -> high joined by "|", from `CHAINS` (the
+            first band grows up, the last down, a middle one floats; "mamba"
+            is a request band, the others token bands).
+        page_size: token bands' page size.
+        tokens: tokens of every token band the buffer holds past the sink.
+        states: state slots of every state band it holds on top.
+        entry_bytes: band name -> bytes per slot (default `ENTRY_BYTES`).
+    """
+    sizes = {**ENTRY_BYTES, **(entry_bytes or {})}
+    names = chain.split("|")
+    bands = []
+    for i, name in enumerate(names):
+        grow = "down" if i == len(names) - 1 else "up" if i == 0 else "float"
+        if name == "mamba":
+            bands.append(Band(name, entry_bytes=sizes[name], grow=grow, unit="request"))
+        else:
+            bands.append(Band(name, entry_bytes=sizes[name], grow=grow, page_size=page_size))
+    per_token = sum(b.entry_bytes for b in bands if b.unit is Unit.TOKEN)
+    per_state = sum(b.entry_bytes for b in bands if b.unit is Unit.REQUEST)
+    sink = max([b.entry_bytes for b in bands] + [b.page_bytes for b in bands if b.unit is Unit.TOKEN])
+    return Layout(total_bytes=sink + tokens * per_token + states * per_state, bands=bands)
 
 
 @dataclass
@@ -135,6 +173,7 @@ class Driver:
         self.next_rid = 1
         self.stamp = 1
         self.ops = 0
+        # The last decode / extend: (request id of each new token, token ids).
         self.last_batch: Optional[tuple[list[int], list[int]]] = None
         self.inflight: Optional[Forward] = None
         self.pending_violations: list[str] = []
@@ -296,7 +335,7 @@ class Driver:
                 self.reqs[rid] = Request(rid, chunk, states[i - len(reqs)])
                 rids.append(rid)
         self._write_tokens(out)
-        self.last_batch = (rids, chunks)
+        self.last_batch = ([rid for rid, a in zip(rids, add) for _ in range(a)], chunks)
         self.log("extend", list(zip(rids, prefix, seq)))
         return True
 
@@ -454,8 +493,9 @@ class Driver:
         self.fire()
         rids, ids = self.last_batch
         self.last_batch = None
-        reqs = [self.reqs[r] for r in rids if r in self.reqs]
-        written = self._tensor(ids)
+        reqs = [self.reqs[r] for r in dict.fromkeys(rids) if r in self.reqs]
+        # Only ids of requests still live: a freed request's ids may be reused.
+        written = self._tensor([t for r, t in zip(rids, ids) if r in self.reqs])
         any_live = torch.zeros(written.numel(), dtype=torch.bool)
         for band in self.token_bands:
             any_live |= self.live[band][written]
@@ -567,7 +607,10 @@ class Driver:
             if ids.numel() == 0:
                 continue
             phys = pool.translate(ids, band)
-            bad = (pool.buffer_view(band)[phys] != self.shadow[band][ids]).any(1)
+            got, want = pool.buffer_view(band)[phys], self.shadow[band][ids]
+            if torch.equal(got, want):
+                continue
+            bad = (got != want).any(1)
             if bool(bad.any()):
                 out.append(f"[{band}] {int(bad.sum())} live slots hold wrong bytes: virtual "
                            f"{ids[bad][:8].tolist()} at physical {phys[bad][:8].tolist()}")

@@ -1,0 +1,263 @@
+"""Host time and device syncs per steady decode step: the 3-band UnifiedPool on
+CudaBackend vs a plain torch paged allocator (one static pool per band).
+
+One step = decode one token for every running request, release the sliding
+window's pages that left the window (per request, with `start_pos`), finish
+one request every `--finish-every` steps, and flush. Host lengths are known
+to the engine (as in a serving engine); token ids stay on the device.
+
+Host microseconds are wall time around the step (no explicit synchronize:
+the syncs inside the step are what costs). Syncs are counted in a separate
+pass under `torch.cuda.set_sync_debug_mode("warn")`, and each is attributed
+to the innermost line of this repository that issued it.
+
+    PYTHONPATH=. python benchmarks/bench_decode_host.py --out results/kernels/decode_host.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import datetime
+import os
+import statistics
+import sys
+import time
+import traceback
+import warnings
+
+import torch
+
+MIB = 1 << 20
+PS = 16
+WINDOW = 256
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# -- the unikv pool --
+
+
+def unikv_engine(batch: int, device: str):
+    from unikv import Band, Layout, UnifiedPool
+    from unikv.backends.cuda import CudaBackend
+
+    layout = Layout(total_bytes=1024 * MIB, bands=[
+        Band("mamba", entry_bytes=64 * 1024, grow="up", unit="request"),
+        Band("swa", entry_bytes=4096, grow="float", page_size=PS, blocks_per_page=8),
+        Band("full", entry_bytes=12288, grow="down", page_size=PS, blocks_per_page=24),
+    ])
+    pool = UnifiedPool(layout, CudaBackend(device), compaction="lazy")
+    lens = [300 + (37 * i) % 400 for i in range(batch)]
+    ids = pool.alloc_extend([0] * batch, lens, [0] * batch, sum(lens))
+    states = pool.alloc_state("mamba", batch)
+    table = torch.zeros(batch, max(lens) + 4096, dtype=torch.int64, device=device)
+    ends = torch.tensor(lens).cumsum(0).tolist()
+    for r, (n, end) in enumerate(zip(lens, ends)):
+        table[r, :n] = ids[end - n:end]
+    return {"pool": pool, "lens": lens, "table": table, "released": [0] * batch, "states": states,
+            "rows": list(range(batch))}
+
+
+def unikv_step(e: dict, step: int, finish_every: int) -> None:
+    pool, lens, rows = e["pool"], e["lens"], e["rows"]
+    seq, row_idx = upload([lens[r] + 1 for r in rows]), upload(rows)
+    last = e["table"][row_idx, seq - 2]
+    new = pool.alloc_decode(seq, last)
+    e["table"][row_idx, seq - 1] = new
+    for r in rows:
+        lens[r] += 1
+        end = (max(0, lens[r] - WINDOW) // PS) * PS
+        start = e["released"][r]
+        if end > start:
+            pool.release(e["table"][r, start:end], band="swa", start_pos=start)
+            e["released"][r] = end
+    if finish_every and step % finish_every == finish_every - 1 and len(rows) > 1:
+        r = rows.pop(0)
+        pool.free(e["table"][r, :lens[r]])
+        pool.free_state("mamba", e["states"][r:r + 1])
+    pool.flush()
+
+
+def upload(values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, pin_memory=True).to("cuda", non_blocking=True)
+
+
+# -- the baseline: a plain torch paged allocator per band --
+
+
+class PlainPagedAllocator:
+    """What engines do today: a static page pool per band (a free-page list
+    on the device), tail-page reuse in torch ops, `torch.unique` on free."""
+
+    def __init__(self, pages: int, page_size: int, device: str) -> None:
+        self.ps = page_size
+        self.free_pages = torch.arange(1, pages, dtype=torch.int64, device=device)
+
+    def alloc_decode(self, seq: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        need = (seq - 1) % self.ps == 0
+        n = int(need.sum())  # the host must know how many pages to hand out
+        if n > self.free_pages.numel():
+            raise RuntimeError("baseline pool exhausted")
+        pages, self.free_pages = self.free_pages[:n], self.free_pages[n:]
+        if n == 0:
+            return last + 1
+        k = (torch.cumsum(need, 0) - 1).clamp(min=0)
+        return torch.where(need, pages[k] * self.ps, last + 1)
+
+    def release_run(self, ids: torch.Tensor) -> None:
+        """A page-aligned run of one request's ids: one id per page."""
+        self.free_pages = torch.cat([self.free_pages, ids[::self.ps] // self.ps])
+
+    def free(self, ids: torch.Tensor) -> None:
+        self.free_pages = torch.cat([self.free_pages, torch.unique(ids // self.ps)])
+
+
+def baseline_engine(batch: int, device: str):
+    full = PlainPagedAllocator(1024 * MIB // 2 // (12288 * PS), PS, device)
+    swa = PlainPagedAllocator(1024 * MIB // 4 // (4096 * PS), PS, device)
+    states = torch.arange(1, 1 + batch, device=device)
+    lens = [300 + (37 * i) % 400 for i in range(batch)]
+    tables = {}
+    for name, alloc in (("full", full), ("swa", swa)):
+        t = torch.zeros(batch, max(lens) + 4096, dtype=torch.int64, device=device)
+        for r, n in enumerate(lens):
+            pages = alloc.free_pages[:-(-n // PS)]
+            alloc.free_pages = alloc.free_pages[pages.numel():]
+            t[r, :n] = (pages[:, None] * PS + torch.arange(PS, device=device)).reshape(-1)[:n]
+        tables[name] = t
+    return {"alloc": {"full": full, "swa": swa}, "tables": tables, "lens": lens, "released": [0] * batch,
+            "states": states, "state_free": [], "rows": list(range(batch))}
+
+
+def baseline_step(e: dict, step: int, finish_every: int) -> None:
+    lens, rows = e["lens"], e["rows"]
+    seq, row_idx = upload([lens[r] + 1 for r in rows]), upload(rows)
+    for name, alloc in e["alloc"].items():
+        t = e["tables"][name]
+        t[row_idx, seq - 1] = alloc.alloc_decode(seq, t[row_idx, seq - 2])
+    for r in rows:
+        lens[r] += 1
+        end = (max(0, lens[r] - WINDOW) // PS) * PS
+        start = e["released"][r]
+        if end > start:
+            e["alloc"]["swa"].release_run(e["tables"]["swa"][r, start:end])
+            e["released"][r] = end
+    if finish_every and step % finish_every == finish_every - 1 and len(rows) > 1:
+        r = rows.pop(0)
+        e["alloc"]["full"].free(e["tables"]["full"][r, :lens[r]])
+        e["alloc"]["swa"].free(e["tables"]["swa"][r, e["released"][r]:lens[r]])
+        e["state_free"].append(e["states"][r:r + 1])
+
+
+ENGINES = {"unikv_cuda": (unikv_engine, unikv_step), "plain_torch": (baseline_engine, baseline_step)}
+
+
+# -- measurement --
+
+
+def time_steps(step, e, steps: int, finish_every: int, first: int) -> list[float]:
+    out = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        step(e, first + i, finish_every)
+        out.append((time.perf_counter() - t0) * 1e6)
+    return out
+
+
+def count_syncs(step, e, steps: int, finish_every: int, first: int) -> collections.Counter:
+    """Syncs per repository source line over `steps` steps."""
+    sites: collections.Counter = collections.Counter()
+
+    def hook(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return
+        frames = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(REPO)]
+        inner = frames[-1] if frames else None
+        outer = next((f for f in frames if "/unikv/" in f.filename), None)
+        key = "?" if inner is None else f"{os.path.relpath(inner.filename, REPO)}:{inner.lineno} {inner.name}"
+        via = "" if outer is None else f" (via {outer.name})"
+        sites[key + via] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = hook
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for i in range(steps):
+                step(e, first + i, finish_every)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sites
+
+
+def run(batch: int, engine: str, args) -> tuple[dict, list[dict]]:
+    build, step = ENGINES[engine]
+    e = build(batch, "cuda")
+    time_steps(step, e, args.warmup, args.finish_every, 0)
+    torch.cuda.synchronize()
+    us = time_steps(step, e, args.steps, args.finish_every, args.warmup)
+    torch.cuda.synchronize()
+    sites = count_syncs(step, e, args.sync_steps, args.finish_every, args.warmup + args.steps)
+    total = sum(sites.values())
+    summary = {"bench": "decode_host", "allocator": engine, "batch": batch, "steps": args.steps,
+               "host_us_median": round(statistics.median(us), 1), "host_us_mean": round(statistics.fmean(us), 1),
+               "host_us_p90": round(sorted(us)[int(0.9 * (len(us) - 1))], 1),
+               "syncs_per_step": round(total / args.sync_steps, 2), "finish_every": args.finish_every}
+    site_rows = [{"bench": "sync_sites", "allocator": engine, "batch": batch, "site": k,
+                  "syncs_per_step": round(v / args.sync_steps, 3)} for k, v in sites.most_common()]
+    return summary, site_rows
+
+
+def stamp() -> dict:
+    import triton
+
+    return {"ts": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+
+
+def append_csv(path: str, rows: list[dict]) -> None:
+    if not rows:
+        return
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    new = not os.path.exists(path)
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        if new:
+            w.writeheader()
+        w.writerows(rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="results/kernels/decode_host.csv")
+    ap.add_argument("--sites-out", default=None, help="sync sites CSV (default: beside --out)")
+    ap.add_argument("--batch", type=int, nargs="*", default=[1, 64, 256])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--sync-steps", type=int, default=40)
+    ap.add_argument("--finish-every", type=int, default=8)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_decode_host: needs a CUDA device", file=sys.stderr)
+        return 2
+    sites_out = args.sites_out or os.path.join(os.path.dirname(args.out) or ".", "decode_sync_sites.csv")
+    row0 = stamp()
+    summaries, sites = [], []
+    for batch in args.batch:
+        for engine in ENGINES:
+            s, site_rows = run(batch, engine, args)
+            summaries.append({**row0, **s})
+            sites += [{**row0, **r} for r in site_rows]
+            print(f"{engine:12} batch {batch:4d}: {s['host_us_median']:9.1f} us/step median "
+                  f"({s['host_us_p90']:.1f} p90), {s['syncs_per_step']:.2f} syncs/step", flush=True)
+    append_csv(args.out, summaries)
+    append_csv(sites_out, sites)
+    for r in sites:
+        if r["allocator"] == "unikv_cuda" and r["batch"] == args.batch[-1]:
+            print(f"  {r['syncs_per_step']:7.3f}/step  {r['site']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""unikv.sim: a SimPy simulator that replays request traces against any pool layout."""

@@ -1,0 +1,296 @@
+"""The SimPy engine: an arrival process and one scheduler process.
+
+One scheduler iteration is one engine step: admit waiting requests FCFS
+while their next chunk and state slot fit, allocate prefill chunks and one
+decode token per running request (evicting cached prefixes, then retracting
+the newest request on a shortfall), launch the forward, flush
+opportunistically while it runs, advance time by the cost model, then finish
+requests and ratchet the sliding window.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable, Optional
+
+import simpy
+import torch
+
+from sim.memory import Memory
+from sim.recorder import Recorder
+from sim.request import Request
+
+
+class Simulation:
+    """All state of one run; processes are methods of this object.
+
+    Args:
+        requests: trace requests sorted by arrival.
+        memory: the request-level memory layer (owns the pool).
+        step_cost: (prefill_tokens, decode_tokens, kv_bytes_read, moved_bytes)
+            -> seconds of one engine step.
+        kv_bytes: seq_len -> KV bytes a request of that length reads per step.
+        max_running, prefill_tokens_per_step: scheduler knobs.
+        max_tokens: the longest request (prompt + output) the layout can ever
+            hold; longer ones are rejected.
+        reserve: (initial, minimum, decay per step) of the decode reserve
+            ratio: admission keeps room for that share of the tokens running
+            requests have yet to produce; a retraction resets it to the
+            initial value (SGLang's new_token_ratio).
+        check_every: run the accounting checks every N steps (0 = never).
+        is_oracle: the unusable-free ratio is 0 by definition.
+        progress: called with the number of finished requests, or None.
+    """
+
+    def __init__(self, requests: list[Request], memory: Memory, *, step_cost: Callable,
+                 kv_bytes: Callable[[list[Request]], int], max_running: int,
+                 prefill_tokens_per_step: int, max_tokens: int,
+                 reserve: tuple[float, float, float] = (0.0, 0.0, 0.0), check_every: int = 0,
+                 is_oracle: bool = False, progress: Optional[Callable[[int], None]] = None) -> None:
+        self.env = simpy.Environment()
+        self.requests = requests
+        self.mem = memory
+        self.pool = memory.pool
+        self.ps = self.pool.page_size
+        self.step_cost = step_cost
+        self.kv_bytes = kv_bytes
+        self.max_running = max_running
+        self.prefill_budget = prefill_tokens_per_step
+        self.reserve = reserve
+        self.reserve_ratio = reserve[0]
+        self.max_tokens = max_tokens
+        self.check_every = check_every
+        self.is_oracle = is_oracle
+        self.progress = progress
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.recorder = Recorder(self.pool.bands)
+        self.token_entry_bytes = sum(self.pool.layout.geometry(n).band.entry_bytes
+                                     for n in self.pool.token_names)
+        self.arrived = self.done = self.steps = 0
+        self.violations: list[str] = []
+        self._wake: Optional[simpy.Event] = None
+        self._counts = dict(admitted=0, finished=0, retracted=0, rejected=0)
+
+    # -- processes --
+
+    def run(self) -> None:
+        self.env.process(self._arrivals())
+        self.env.process(self._scheduler())
+        self.env.run()
+
+    def _arrivals(self):
+        for req in self.requests:
+            if req.arrival_s > self.env.now:
+                yield self.env.timeout(req.arrival_s - self.env.now)
+            self.arrived += 1
+            if req.prompt_tokens + req.output_tokens > self.max_tokens:
+                req.rejected = True
+                self._counts["rejected"] += 1
+                self._retire(req)
+                continue
+            self.waiting.append(req)
+            if self._wake is not None and not self._wake.triggered:
+                self._wake.succeed()
+
+    def _scheduler(self):
+        while True:
+            if not self.running and not self.waiting:
+                if self.arrived == len(self.requests):
+                    return
+                self._wake = self.env.event()
+                yield self._wake
+                continue
+            yield from self._step()
+
+    # -- one step --
+
+    def _step(self):
+        moved0 = self._moved_bytes()
+        # Running requests first: their decode token, then their next
+        # prefill chunk; new requests only take what is left.
+        decode = self._decode_batch([r for r in self.running if r.decoding and r.generated])
+        prefill = self._continue_prefills()
+        prefill += self._admit(self.prefill_budget - sum(c for _, c in prefill))
+        running = self._running_set()
+        decode = [r for r in decode if r in running]
+        batch = [r for r, _ in prefill] + decode
+        event = self.pool.backend.new_event(f"step {self.steps}")
+        self._launch(event, prefill, decode)
+        self.pool.flush(urgent=False)  # opportunistic, while the forward runs
+        moved = self._moved_bytes() - moved0
+        prefill_tokens = sum(c for _, c in prefill)
+        dt = self.step_cost(prefill_tokens, len(decode), self.kv_bytes(batch), moved)
+        yield self.env.timeout(dt)
+        event.fire()
+        self._complete(prefill, decode)
+        self.steps += 1
+        self.reserve_ratio = max(self.reserve[1], self.reserve_ratio - self.reserve[2])
+        self._record(dt, prefill_tokens, len(decode), moved)
+        if self.check_every and self.steps % self.check_every == 0:
+            self._check()
+
+    def _running_set(self) -> set:
+        return set(self.running)
+
+    def _continue_prefills(self) -> list[tuple[Request, int]]:
+        out, budget = [], self.prefill_budget
+        for r in [r for r in self.running if not r.decoding]:
+            chunk = min(r.prefill_left, budget)
+            if chunk <= 0:
+                break
+            if r not in self.running:  # retracted while making room for an earlier one
+                continue
+            if self._alloc_or_retract(lambda r=r, c=chunk: self.mem.extend(r, c), keep=r):
+                out.append((r, chunk))
+                budget -= chunk
+        return out
+
+    def _admit(self, budget: int) -> list[tuple[Request, int]]:
+        out = []
+        now = self.env.now
+        while self.waiting and len(self.running) < self.max_running and budget > 0:
+            r = self.waiting[0]
+            if not self.mem.admit(r, now):
+                break
+            chunk = min(r.prefill_left, budget)
+            ok = self._with_eviction(lambda: self.mem.extend(r, chunk))
+            if not ok or not self._reserve_holds(r):
+                self._undo_admission(r)
+                break
+            self.waiting.popleft()
+            self.running.append(r)
+            if r.admitted_s is None:
+                r.admitted_s = now
+                self._counts["admitted"] += 1
+            out.append((r, chunk))
+            budget -= chunk
+        return out
+
+    def _reserve_holds(self, new: Request) -> bool:
+        """SGLang's admission guard: room must remain for `reserve_ratio` of
+        the tokens the running requests (and `new`) have yet to decode."""
+        if self.reserve_ratio <= 0:
+            return True
+        left = sum(r.output_tokens - r.generated + r.prefill_left for r in self.running)
+        left += new.output_tokens - new.generated + new.prefill_left
+        need = self.reserve_ratio * left
+        return self.pool.available_size(schedulable=True) >= need or not self.running
+
+    def _undo_admission(self, r: Request) -> None:
+        self.mem.retract(r, self.env.now)
+        r.retractions -= 1  # an admission that did not happen is no retraction
+
+    def _decode_batch(self, reqs: list[Request]) -> list[Request]:
+        while reqs:
+            if self._alloc_or_retract(lambda: self.mem.decode(reqs), keep=None):
+                return reqs
+            reqs = [r for r in reqs if r in self.running]
+        return reqs
+
+    def _with_eviction(self, attempt: Callable[[], bool]) -> bool:
+        while not attempt():
+            if not self.mem.evict_some():
+                return False
+        return True
+
+    def _alloc_or_retract(self, attempt: Callable[[], bool], keep: Optional[Request]) -> bool:
+        """`attempt()`; on shortfall evict cached blocks, then retract the
+        newest running request (which may be `keep` itself: then False)."""
+        while not attempt():
+            if self.mem.evict_some():
+                continue
+            victim = self.running[-1] if self.running else None
+            if victim is None:
+                return False
+            self._retract(victim)
+            if victim is keep:
+                return False
+            if keep is None:
+                return False
+        return True
+
+    def _retract(self, r: Request) -> None:
+        self.running.remove(r)
+        self.mem.retract(r, self.env.now)
+        self.waiting.appendleft(r)
+        self._counts["retracted"] += 1
+        self.reserve_ratio = self.reserve[0]
+
+    def _launch(self, event, prefill, decode) -> None:
+        """Declare the forward: its event, the pages it writes, the states."""
+        reps = [r.last_loc(self.ps) for r in decode]
+        for r, chunk in prefill:
+            first, last = (r.seq - chunk) // self.ps, (r.seq - 1) // self.ps
+            reps.extend(p * self.ps for p in r.pages[first: last + 1])
+        states = {}
+        if self.mem.state_band is not None:
+            states[self.mem.state_band] = [r.state for r in self.running]
+        self.pool.set_inflight_forward(event, torch.tensor(reps, dtype=torch.int64), states)
+
+    def _complete(self, prefill, decode) -> None:
+        now = self.env.now
+        for r, chunk in prefill:
+            r.prefilled += chunk
+            if r.decoding and r.generated == 0:
+                r.generated = 1
+                r.first_token_s = now
+        for r in decode:
+            r.generated += 1
+        finished = [r for r in self.running if r.decoding and r.generated >= r.output_tokens]
+        for r in finished:
+            self.running.remove(r)
+            self.mem.finish(r, now)
+            r.finished_s = now
+            self._counts["finished"] += 1
+            self._retire(r)
+        self.mem.ratchet(self.running)
+
+    def _retire(self, r: Request) -> None:
+        self.recorder.request(r)
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done)
+
+    # -- observation --
+
+    def _moved_bytes(self) -> int:
+        return sum(c.moved_bytes for c in self.pool.counters.bands.values())
+
+    def _record(self, dt: float, prefill_tokens: int, decode_tokens: int, moved: int) -> None:
+        occ = self.pool.occupancy()
+        bands = occ["bands"]
+        avail = self.pool.available_size()
+        live = sum(b["live_bytes"] for b in bands.values())
+        holes = sum(b["hole_bytes"] for b in bands.values())
+        occupied = sum(b["occupied_bytes"] for b in bands.values())
+        free = occ["free_bytes"]
+        usable = avail * self.token_entry_bytes
+        slots = sum(len(r.pages) for r in self.running) * self.ps
+        slack = slots - sum(r.seq for r in self.running)
+        move_time = self.step_cost.move_time_s(moved) if hasattr(self.step_cost, "move_time_s") else 0.0
+        row = dict(
+            step=self.steps, t_s=self.env.now, step_time_s=dt, running=len(self.running),
+            waiting=len(self.waiting), prefill_tokens=prefill_tokens, decode_tokens=decode_tokens,
+            admitted=self._counts["admitted"], finished=self._counts["finished"],
+            retracted=self._counts["retracted"], rejected=self._counts["rejected"],
+            evicted_nodes=self.mem.evictions,
+            cache_pages=self.mem.cache.pages if self.mem.cache else 0,
+            available_tokens=avail, free_bytes=free, gap_bytes=occ["gap_bytes"], live_bytes=live,
+            hole_bytes=holes, pending_bytes=sum(b["pending_bytes"] for b in bands.values()),
+            occupied_bytes=occupied, hole_ratio=holes / occupied if occupied else 0.0,
+            unusable_free_ratio=0.0 if self.is_oracle or free <= 0 else max(0.0, 1 - usable / free),
+            slack_tokens=slack, allocated_token_slots=slots,
+            page_slack_ratio=slack / slots if slots else 0.0,
+            moves=sum(c.moves for c in self.pool.counters.bands.values()), moved_bytes=moved,
+            move_time_s=move_time, compaction_overhead=move_time / dt if dt else 0.0,
+        )
+        for name, b in bands.items():
+            for c in ("live_bytes", "hole_bytes", "pending_bytes", "occupied_bytes", "low_byte", "high_byte"):
+                row[f"{name}_{c}"] = b[c]
+        self.recorder.step(row)
+
+    def _check(self) -> None:
+        problems = self.pool.verify() + self.mem.check(self.running)
+        if problems:
+            self.violations.extend(f"step {self.steps}: {p}" for p in problems)

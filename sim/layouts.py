@@ -1,0 +1,309 @@
+"""Layouts for a model: which bands, in which chain, split how, behind which pool.
+
+`build_layout(model, kv_budget_gib=..., page_size=..., kind=...)` turns a
+`ModelSpec` into a `LayoutPlan`: the `Layout` (bands "mamba", "swa", "full"
+low byte -> high byte), the pool class that drives it, and, for the static
+split, the byte fractions a serving engine's start-up ratios give
+(`docs/models.md`, "Static split").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+from sim.models import ModelSpec
+from unikv import Band, Layout, OraclePool, StaticPartitionPool, UnifiedPool
+
+LAYOUT_KINDS = ("static", "end_end", "end_float_end", "oracle")
+
+# SGLang defaults (python/sglang/srt/server_args.py): swa pool tokens / full pool
+# tokens, and mamba state bytes / full KV bytes. Sources in docs/models.md.
+DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
+DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
+
+_POOL_CLASSES = {"static": StaticPartitionPool, "end_end": UnifiedPool,
+                 "end_float_end": UnifiedPool, "oracle": OraclePool}
+_GROWS = {1: ("down",), 2: ("up", "down"), 3: ("up", "float", "down")}
+
+
+class RequestTooLargeError(ValueError):
+    """One request of the asked size cannot fit the layout, even alone."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StaticRatio:
+    """Start-up split ratios of the static layout (SGLang's names and meaning).
+
+    Attributes:
+        swa_full_tokens: swa pool tokens / full pool tokens
+            (`--swa-full-tokens-ratio`).
+        mamba_full_memory: mamba state bytes / full KV bytes
+            (`--mamba-full-memory-ratio`).
+    """
+
+    swa_full_tokens: float = DEFAULT_SWA_FULL_TOKENS_RATIO
+    mamba_full_memory: float = DEFAULT_MAMBA_FULL_MEMORY_RATIO
+
+    def __post_init__(self) -> None:
+        for name in ("swa_full_tokens", "mamba_full_memory"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not 0 < value < math.inf:
+                raise ValueError(f"StaticRatio: {name}={value!r} must be a positive finite number")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayoutPlan:
+    """A model's layout of one kind over one KV budget, ready to make its pool.
+
+    Attributes:
+        kind: one of LAYOUT_KINDS.
+        model: the model it was built for.
+        layout: the buffer and its bands.
+        pool_class: "UnifiedPool", "StaticPartitionPool" or "OraclePool".
+        fractions: band -> share of the bytes past the sink (static only).
+        static_ratio: the ratios the fractions came from (static only).
+    """
+
+    kind: str
+    model: ModelSpec
+    layout: Layout
+    pool_class: str
+    fractions: Optional[Mapping[str, float]] = field(default=None, hash=False)
+    static_ratio: Optional[StaticRatio] = None
+
+    @property
+    def page_size(self) -> int:
+        return self.layout.page_size
+
+    @property
+    def kv_budget_bytes(self) -> int:
+        return self.layout.total_bytes
+
+    @property
+    def chain(self) -> str:
+        """The bands low byte -> high byte, e.g. "mamba(up) | swa(float) | full(down)"."""
+        return " | ".join(f"{b.name}({b.grow.value})" for b in self.layout.bands)
+
+    def make_pool(self, backend=None, compaction: str = "lazy"):
+        """A fresh pool for this plan (compaction applies to UnifiedPool only)."""
+        if self.kind == "static":
+            return StaticPartitionPool(self.layout, backend, fractions=dict(self.fractions))
+        if self.kind == "oracle":
+            return OraclePool(self.layout, backend)
+        return UnifiedPool(self.layout, backend, compaction=compaction)
+
+    @property
+    def metadata(self) -> dict:
+        """Run-identity fields for results tables (METRICS.md, "Run identity")."""
+        ratio = self.static_ratio
+        return {
+            "layout": self.kind, "model": self.model.name, "chain": self.chain,
+            "pool_class": self.pool_class, "kv_budget_bytes": self.kv_budget_bytes,
+            "page_size": self.page_size, "state_dtype": self.model.state_dtype,
+            "fractions": dict(self.fractions) if self.fractions else None,
+            "swa_full_tokens_ratio": ratio.swa_full_tokens if ratio else None,
+            "mamba_full_memory_ratio": ratio.mamba_full_memory if ratio else None,
+        }
+
+
+def applicable_kinds(model: ModelSpec) -> tuple[str, ...]:
+    """The layout kinds `build_layout` accepts for `model`."""
+    n_bands = len(model.kinds)
+    middle = "end_float_end" if n_bands == 3 else "end_end"
+    return ("static", middle, "oracle")
+
+
+def model_bands(model: ModelSpec, page_size: int) -> tuple[Band, ...]:
+    """The model's bands in chain order with the unified grow directions.
+
+    Token bands ("swa", "full") use `page_size` and blocks_per_page = 2 x
+    layers (K and V of every layer, layer-major in a page); the "mamba"
+    request band holds one state per slot.
+    """
+    if not (model.full_layers or model.swa_layers):
+        raise ValueError(f"model {model.name!r} has no attention layers; "
+                         "a layout needs at least one token band")
+    kinds = model.kinds
+    bands = []
+    for kind, grow in zip(kinds, _GROWS[len(kinds)]):
+        if kind == "mamba":
+            bands.append(Band("mamba", entry_bytes=model.state_bytes, grow=grow,
+                              page_size=1, unit="request"))
+            continue
+        layers = model.swa_layers if kind == "swa" else model.full_layers
+        entry = model.swa_token_bytes if kind == "swa" else model.full_token_bytes
+        bands.append(Band(kind, entry_bytes=entry, grow=grow, page_size=page_size,
+                          unit="token", blocks_per_page=2 * layers))
+    return tuple(bands)
+
+
+def static_fractions(model: ModelSpec, static_ratio=None) -> dict[str, float]:
+    """Byte fractions (of the bytes past the sink) the static split gives each band.
+
+    As SGLang sizes its pools: the mamba band first takes
+    r_m / (1 + r_m) of the bytes (r_m = mamba_full_memory); the rest T is
+    split so that swa pool tokens = r_s x full pool tokens
+    (r_s = swa_full_tokens): full = T F / (F + r_s S), swa = T r_s S / (F + r_s S),
+    with F, S the full and swa bytes per token (all layers of each kind).
+
+    Args:
+        static_ratio: None (SGLang defaults), a `StaticRatio`, or one float
+            for a model with exactly one ratio (full+swa or full+mamba).
+    """
+    ratio = _resolve_ratio(model, static_ratio)
+    kinds = model.kinds
+    mamba = ratio.mamba_full_memory / (1 + ratio.mamba_full_memory) if "mamba" in kinds else 0.0
+    tokens = 1.0 - mamba
+    out = {"mamba": mamba} if "mamba" in kinds else {}
+    if "swa" in kinds and "full" in kinds:
+        full_b, swa_b = model.full_token_bytes, ratio.swa_full_tokens * model.swa_token_bytes
+        out["swa"] = tokens * swa_b / (full_b + swa_b)
+        out["full"] = tokens * full_b / (full_b + swa_b)
+    else:
+        out[next(k for k in kinds if k != "mamba")] = tokens
+    return {k: out[k] for k in kinds}
+
+
+def _resolve_ratio(model: ModelSpec, static_ratio) -> StaticRatio:
+    if static_ratio is None:
+        return StaticRatio()
+    if isinstance(static_ratio, StaticRatio):
+        return static_ratio
+    if isinstance(static_ratio, bool) or not isinstance(static_ratio, (int, float)):
+        raise ValueError(f"static_ratio={static_ratio!r} must be None, a float or a StaticRatio")
+    kinds = set(model.kinds)
+    if kinds >= {"swa", "full", "mamba"}:
+        raise ValueError(f"static_ratio={static_ratio!r} is ambiguous for model {model.name!r} "
+                         "(it has swa and mamba bands); pass StaticRatio(swa_full_tokens=..., "
+                         "mamba_full_memory=...)")
+    if "mamba" in kinds:
+        return StaticRatio(mamba_full_memory=static_ratio)
+    return StaticRatio(swa_full_tokens=static_ratio)
+
+
+def build_layout(model: ModelSpec, *, kv_budget_gib: float, page_size: int, kind: str,
+                 static_ratio=None) -> LayoutPlan:
+    """The `kind` layout of `model` over a buffer of `kv_budget_gib` GiB.
+
+    Chains: one kind -> full(down) (or swa(down)); two -> swa|full or
+    mamba|full as up|down; three -> mamba(up) | swa(float) | full(down).
+    static and oracle use the same chain (their pools ignore grow).
+
+    Args:
+        static_ratio: see `static_fractions`; used by kind="static" only.
+
+    Raises:
+        ValueError: an unknown kind (listing LAYOUT_KINDS), a kind the model
+            cannot use (naming the missing band and the kinds that apply),
+            a bad budget or page size, or a budget too small for the bands.
+    """
+    if kind not in LAYOUT_KINDS:
+        raise ValueError(f"kind={kind!r} is not one of {LAYOUT_KINDS}")
+    _check_kind(model, kind)
+    if isinstance(kv_budget_gib, bool) or not isinstance(kv_budget_gib, (int, float)) \
+            or not 0 < kv_budget_gib < math.inf:
+        raise ValueError(f"kv_budget_gib={kv_budget_gib!r} must be a positive number")
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
+        raise ValueError(f"page_size={page_size!r} must be a positive integer")
+    layout = Layout(total_bytes=int(kv_budget_gib * 2**30), bands=model_bands(model, page_size))
+    ratio = fractions = None
+    if kind == "static":
+        ratio = _resolve_ratio(model, static_ratio)
+        fractions = static_fractions(model, ratio)
+    return LayoutPlan(kind=kind, model=model, layout=layout,
+                      pool_class=_POOL_CLASSES[kind].__name__, fractions=fractions,
+                      static_ratio=ratio)
+
+
+def _check_kind(model: ModelSpec, kind: str) -> None:
+    if kind in applicable_kinds(model):
+        return
+    have = ", ".join(model.kinds) or "none"
+    if kind == "end_float_end":
+        missing = [k for k in ("full", "swa", "mamba") if k not in model.kinds]
+        raise ValueError(f"end_float_end needs full, swa and mamba bands; model {model.name!r} "
+                         f"has no {' or '.join(missing)} band (it has {have}); layouts that "
+                         f"apply: {applicable_kinds(model)}")
+    raise ValueError(f"{kind} holds at most two bands; model {model.name!r} has three "
+                     f"({have}); layouts that apply: {applicable_kinds(model)}")
+
+
+def worst_case_request_bytes(model: ModelSpec, prompt_tokens: int, output_tokens: int,
+                             page_size: int, *,
+                             prefill_chunk_tokens: Optional[int] = None) -> dict[str, int]:
+    """Peak bytes one request holds in each band, page-rounded.
+
+    full: every token. swa (and chunked-local): the window plus one prefill
+    chunk, plus one page of misalignment, capped by every token; a chunk of
+    None means the whole prompt in one forward (the coupled alloc binds all
+    prompt tokens on every token band before the window ratchet releases
+    them). mamba: one state slot.
+    """
+    for name, value in (("prompt_tokens", prompt_tokens), ("output_tokens", output_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}={value!r} must be a non-negative integer")
+    tokens = prompt_tokens + output_tokens
+    all_pages = -(-tokens // page_size)
+    chunk = prompt_tokens if prefill_chunk_tokens is None else prefill_chunk_tokens
+    out = {}
+    if model.state_layers:
+        out["mamba"] = model.state_bytes
+    if model.swa_layers:
+        swa_pages = -(-(model.window_tokens + max(chunk, 1)) // page_size) + 1
+        out["swa"] = min(all_pages, swa_pages) * page_size * model.swa_token_bytes
+    if model.full_layers:
+        out["full"] = all_pages * page_size * model.full_token_bytes
+    return out
+
+
+def static_region_bytes(plan: LayoutPlan) -> dict[str, int]:
+    """Whole-page bytes of each band's static region (as StaticPartitionPool splits)."""
+    layout = plan.layout
+    usable, start, out = layout.total_bytes - layout.sink_bytes, layout.sink_bytes, {}
+    for g in layout:
+        end = start + int(usable * plan.fractions[g.band.name])
+        lo = max(g.min_page, -(-start // g.page_bytes))
+        hi = min(g.num_pages, end // g.page_bytes)
+        out[g.band.name] = max(0, hi - lo) * g.page_bytes
+        start = end
+    return out
+
+
+def check_fits(plan: LayoutPlan, max_request_tokens: int, *,
+               prefill_chunk_tokens: Optional[int] = None) -> dict[str, int]:
+    """Raise unless one request of `max_request_tokens` tokens fits `plan` alone.
+
+    Returns the request's per-band footprint (`worst_case_request_bytes`,
+    all tokens as prompt). Static: each band's footprint must fit its
+    region. Unified: the sum plus one page per band (alignment at band
+    boundaries) must fit the bytes past the sink. Oracle: the sum must.
+
+    Raises:
+        RequestTooLargeError: naming the band, the bytes needed and held.
+    """
+    need = worst_case_request_bytes(plan.model, max_request_tokens, 0, plan.page_size,
+                                    prefill_chunk_tokens=prefill_chunk_tokens)
+    layout = plan.layout
+    what = f"one request of {max_request_tokens} tokens on {plan.model.name!r}"
+    if plan.kind == "static":
+        have = static_region_bytes(plan)
+        for band, nbytes in need.items():
+            if nbytes > have[band]:
+                raise RequestTooLargeError(
+                    f"{what} needs {nbytes} bytes in band {band!r}, but its static region holds "
+                    f"{have[band]} bytes ({plan.fractions[band]:.3f} of a "
+                    f"{layout.total_bytes / 2**30:.3g} GiB budget); raise kv_budget_gib or "
+                    "change static_ratio")
+        return need
+    slack = 0 if plan.kind == "oracle" else sum(b.page_bytes for b in layout.bands)
+    usable = layout.total_bytes - layout.sink_bytes
+    if sum(need.values()) + slack > usable:
+        parts = ", ".join(f"{b}: {n}" for b, n in need.items())
+        raise RequestTooLargeError(
+            f"{what} needs {sum(need.values())} bytes ({parts}) plus {slack} bytes of band "
+            f"alignment, but the {plan.kind} layout has {usable} usable bytes; "
+            "raise kv_budget_gib")
+    return need

@@ -1,0 +1,244 @@
+"""Request-level memory operations over a pool, with a prefix cache.
+
+The engine speaks requests; the pool speaks virtual ids. This layer keeps
+the two in step: which pages a request owns, which it borrows from the
+prefix cache, the sliding-window ratchet, eviction when an alloc falls short,
+and the accounting check that the pages requests and the cache hold are
+exactly the pool's live pages.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from sim.prefix_cache import Node, PrefixCache
+from sim.request import Request
+
+
+class Memory:
+    """Request-level allocation on one pool.
+
+    Args:
+        pool: a UnifiedPool / StaticPartitionPool / OraclePool.
+        window_tokens: the sliding window (None: no window band).
+        block_tokens: prefix-cache block size (None: no prefix cache).
+    """
+
+    def __init__(self, pool, *, window_tokens: Optional[int], block_tokens: Optional[int]) -> None:
+        self.pool = pool
+        self.ps = pool.page_size
+        self.window = window_tokens
+        self.swa = "swa" in pool.bands and window_tokens is not None
+        self.state_band = next((b.name for b in pool.layout.state_bands), None)
+        if block_tokens is not None and block_tokens % self.ps:
+            raise ValueError(f"prefix block of {block_tokens} tokens is not a multiple of "
+                             f"page_size={self.ps}")
+        self.cache = PrefixCache(block_tokens) if block_tokens else None
+        self.evictions = 0
+
+    # -- ids --
+
+    def _reps(self, pages) -> torch.Tensor:
+        return torch.tensor(pages, dtype=torch.int64) * self.ps
+
+    def _free_pages(self, pages: list[int]) -> None:
+        if pages:
+            self.pool.free(self._reps(pages))
+
+    # -- eviction --
+
+    def with_eviction(self, attempt: Callable[[], Optional[torch.Tensor]]):
+        """`attempt()`, evicting cached blocks between tries until it works
+        or nothing is left to evict (then None)."""
+        out = attempt()
+        while out is None:
+            if not self.evict_some():
+                return None
+            out = attempt()
+        return out
+
+    def evict_some(self) -> bool:
+        """Evict the least recently used cached block; False when none is."""
+        node = self.cache.evict_one() if self.cache is not None else None
+        if node is None:
+            return False
+        self._free_pages(node.pages)
+        if node.state is not None:
+            self.pool.free_state(self.state_band, [node.state])
+        self.evictions += 1
+        return True
+
+    # -- admission --
+
+    def usable_hit(self, req: Request) -> list[Node]:
+        """The longest cached prefix this request can resume from.
+
+        Whole blocks only, leaving at least one prompt token to compute; on
+        a window model the window before the cut must still be bound on the
+        window band; on a state model the cut needs a state snapshot.
+        """
+        if self.cache is None or not req.hashes or req.generated:
+            return []
+        full_blocks = min(len(req.hashes), (req.prompt_tokens - 1) // self.cache.block_tokens)
+        path = self.cache.match(req.hashes[:full_blocks])
+        for depth in range(len(path), 0, -1):
+            if self._resumable(path, depth):
+                return path[:depth]
+        return []
+
+    def _resumable(self, path: list[Node], depth: int) -> bool:
+        if self.state_band is not None and path[depth - 1].state is None:
+            return False
+        if not self.swa:
+            return True
+        end = depth * self.cache.block_tokens
+        first = max(0, end - self.window) // self.ps
+        pages = [p for node in path[:depth] for p in node.pages][first:]
+        if not pages:
+            return True
+        return bool((self.pool.translate(self._reps(pages), "swa") > 0).all())
+
+    def admit(self, req: Request, now: float) -> bool:
+        """Take the request's cache hit and its state slot; False (nothing
+        held) when the state slot cannot be had even after eviction."""
+        path = self.usable_hit(req)
+        if self.cache is not None:
+            self.cache.lock(path, now)
+        if self.state_band is not None:
+            slot = self.with_eviction(lambda: self.pool.alloc_state(self.state_band, 1))
+            if slot is None:
+                if self.cache is not None:
+                    self.cache.unlock(path, now)
+                return False
+            req.state = int(slot[0])
+        req.nodes = path
+        req.pages = [p for node in path for p in node.pages]
+        req.shared_pages = req.swa_released = len(req.pages)
+        hit = len(path) * self.cache.block_tokens if path else 0
+        req.seq = req.prefilled = req.hit_tokens = hit
+        req.prefill_target = req.context_tokens
+        return True
+
+    # -- allocation --
+
+    def extend(self, req: Request, tokens: int) -> bool:
+        """Allocate the next `tokens` positions of one request (no eviction)."""
+        last = req.last_loc(self.ps)
+        out = self.pool.alloc_extend([req.seq], [req.seq + tokens], [last], tokens)
+        if out is None:
+            return False
+        self._append(req, req.seq, out)
+        req.seq += tokens
+        return True
+
+    def _append(self, req: Request, start: int, ids: torch.Tensor) -> None:
+        """Record the fresh pages among the new token ids at positions start..."""
+        first_new = -(-start // self.ps)  # page index of the first fresh page
+        offset = first_new * self.ps - start
+        if offset < ids.numel():
+            req.pages.extend((ids[offset:: self.ps] // self.ps).tolist())
+        assert len(req.pages) == -(-(start + ids.numel()) // self.ps)
+
+    def decode(self, reqs: list[Request]) -> bool:
+        """One new position for every request in `reqs` (no eviction)."""
+        seq = torch.tensor([r.seq + 1 for r in reqs], dtype=torch.int64)
+        last = torch.tensor([r.last_loc(self.ps) for r in reqs], dtype=torch.int64)
+        out = self.pool.alloc_decode(seq, last)
+        if out is None:
+            return False
+        ps = self.ps
+        for r, t in zip(reqs, out.tolist()):
+            if r.seq % ps == 0:
+                r.pages.append(t // ps)
+            r.seq += 1
+        return True
+
+    def ratchet(self, reqs: list[Request]) -> int:
+        """Release on the window band every own page fully out of the window;
+        returns pages released."""
+        if not self.swa:
+            return 0
+        reps = []
+        for r in reqs:
+            out = (r.seq - self.window) // self.ps
+            if out > r.swa_released:
+                reps.extend(p * self.ps for p in r.pages[r.swa_released:out])
+                r.swa_released = out
+        if reps:
+            self.pool.release(torch.tensor(reps, dtype=torch.int64), "swa")
+        return len(reps)
+
+    # -- release --
+
+    def finish(self, req: Request, now: float) -> None:
+        """Hand the prompt's whole blocks to the prefix cache, free the rest."""
+        own = req.pages[req.shared_pages:]
+        state = req.state
+        if self.cache is not None:
+            self.cache.unlock(req.nodes, now)
+            own, state = self._insert(req, now)
+        self._free_pages(own)
+        if state is not None:
+            self.pool.free_state(self.state_band, [state])
+        req.pages, req.nodes, req.state = [], [], None
+
+    def _insert(self, req: Request, now: float):
+        """Insert the request's own whole prompt blocks; returns the pages
+        and the state slot still to free."""
+        block = self.cache.block_tokens
+        ppb = block // self.ps
+        node = req.nodes[-1] if req.nodes else self.cache.root
+        own = req.pages[req.shared_pages:]
+        n_blocks = min(len(req.hashes), req.prompt_tokens // block, req.seq // block)
+        leftover: list[int] = []
+        consumed = 0
+        for j in range(len(req.nodes), n_blocks):
+            pages = own[consumed: consumed + ppb]
+            consumed += ppb
+            child = node.children.get(req.hashes[j])
+            if child is None:
+                child = self.cache.insert(node, req.hashes[j], pages, now)
+            else:
+                leftover.extend(pages)
+            node = child
+        state = req.state
+        if state is not None and node is not self.cache.root and node.state is None:
+            self.cache.set_state(node, state)
+            state = None
+        return leftover + own[consumed:], state
+
+    def retract(self, req: Request, now: float) -> None:
+        """Give back everything the request holds; it will be recomputed."""
+        if self.cache is not None:
+            self.cache.unlock(req.nodes, now)
+        self._free_pages(req.pages[req.shared_pages:])
+        if req.state is not None:
+            self.pool.free_state(self.state_band, [req.state])
+        req.reset_progress()
+        req.retractions += 1
+
+    # -- accounting --
+
+    def check(self, running: list[Request]) -> list[str]:
+        """The pages requests and the cache hold equal the pool's live pages."""
+        out = []
+        held = [p for r in running for p in r.pages[r.shared_pages:]]
+        states = [r.state for r in running if r.state is not None]
+        if self.cache is not None:
+            for node in self.cache.walk():
+                held.extend(node.pages)
+                if node.state is not None:
+                    states.append(node.state)
+        if len(set(held)) != len(held):
+            out.append("a virtual page is held twice")
+        if self.pool.token_names:
+            live = set(torch.nonzero(self.pool.vids.binds > 0).flatten().tolist())
+            if live != set(held):
+                out.append(f"held pages {len(set(held))} != pool live pages {len(live)}")
+        if self.state_band is not None:
+            live = set(torch.nonzero(self.pool.state_ids[self.state_band].binds > 0).flatten().tolist())
+            if live != set(states) or len(states) != len(set(states)):
+                out.append(f"held state slots {len(states)} != pool live slots {len(live)}")
+        return out

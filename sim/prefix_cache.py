@@ -1,0 +1,118 @@
+"""A radix tree of prompt blocks (block hashes) holding reusable KV pages.
+
+Each node is one block of `block_tokens` prompt tokens, keyed by its hash
+under its parent (hashes are chained prefixes, as in the Mooncake traces).
+A node owns the virtual pages of its block; running requests lock the path
+they reuse; unlocked leaves are evicted least recently used first. The tree
+knows nothing about the pool: the caller frees an evicted node's pages.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Iterable, Optional
+
+
+class Node:
+    __slots__ = ("key", "parent", "children", "pages", "locks", "last_access", "state", "depth", "alive")
+
+    def __init__(self, key, parent: Optional["Node"], pages: list[int], depth: int) -> None:
+        self.key = key
+        self.parent = parent
+        self.children: dict = {}
+        self.pages = pages
+        self.locks = 0
+        self.last_access = 0.0
+        self.state: Optional[int] = None  # state snapshot slot at this boundary
+        self.depth = depth  # blocks from the root, this one included
+        self.alive = True
+
+    def __repr__(self) -> str:
+        return f"Node(key={self.key}, depth={self.depth}, locks={self.locks})"
+
+
+class PrefixCache:
+    """LRU radix cache over block hashes."""
+
+    def __init__(self, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        self.root = Node(None, None, [], 0)
+        self._heap: list = []
+        self._tick = itertools.count()
+        self.nodes = 0
+        self.pages = 0  # virtual token pages held by nodes
+        self.states = 0  # state snapshots held
+        self.evicted_nodes = 0
+
+    def match(self, hashes: Iterable) -> list[Node]:
+        """The longest path of cached nodes along `hashes`."""
+        path, node = [], self.root
+        for h in hashes:
+            node = node.children.get(h)
+            if node is None:
+                break
+            path.append(node)
+        return path
+
+    def lock(self, path: list[Node], now: float) -> None:
+        for node in path:
+            node.locks += 1
+            node.last_access = now
+
+    def unlock(self, path: list[Node], now: float) -> None:
+        for node in path:
+            node.locks -= 1
+            node.last_access = now
+            self._maybe_evictable(node)
+
+    def insert(self, parent: Node, key, pages: list[int], now: float) -> Node:
+        """A new child block under `parent` (which must not have `key`)."""
+        node = Node(key, parent, pages, parent.depth + 1)
+        node.last_access = now
+        parent.children[key] = node
+        self.nodes += 1
+        self.pages += len(pages)
+        self._maybe_evictable(node)
+        return node
+
+    def set_state(self, node: Node, slot: int) -> None:
+        node.state = slot
+        self.states += 1
+
+    def _maybe_evictable(self, node: Node) -> None:
+        if node.alive and node.locks == 0 and not node.children and node is not self.root:
+            heapq.heappush(self._heap, (node.last_access, next(self._tick), node))
+
+    def evict_one(self) -> Optional[Node]:
+        """Remove and return the least recently used unlocked leaf."""
+        while self._heap:
+            stamp, _, node = heapq.heappop(self._heap)
+            if not node.alive or node.locks or node.children or stamp != node.last_access:
+                continue
+            del node.parent.children[node.key]
+            node.alive = False
+            self.nodes -= 1
+            self.pages -= len(node.pages)
+            self.states -= node.state is not None
+            self.evicted_nodes += 1
+            self._maybe_evictable(node.parent)
+            return node
+        return None
+
+    def evictable(self) -> bool:
+        """Whether some node could be evicted now."""
+        while self._heap:
+            stamp, _, node = self._heap[0]
+            if node.alive and not node.locks and not node.children and stamp == node.last_access:
+                return True
+            heapq.heappop(self._heap)
+        return False
+
+    def walk(self):
+        """Every cached node (depth first)."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())

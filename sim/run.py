@@ -1,0 +1,232 @@
+"""Run a simulation from a `RunConfig`, and write its outputs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import pandas as pd
+import torch
+
+import traces
+import unikv
+from sim import cost as cost_model
+from sim.config import RunConfig
+from sim.engine import Simulation
+from sim.layouts import build_layout
+from sim.memory import Memory
+from sim.models import load_model
+from sim.request import Request
+from sim.summary import summarize
+from unikv.backends import SimBackend
+
+GIB = 1 << 30
+
+
+@dataclass
+class RunResult:
+    config: RunConfig
+    identity: dict
+    steps: pd.DataFrame
+    requests: pd.DataFrame
+    summary: dict
+    violations: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """Small-tensor work runs fastest on one intra-op thread; restore after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def load_trace(config: RunConfig) -> pd.DataFrame:
+    """The trace of `config`, windowed, rate-scaled and truncated."""
+    path = Path(config.trace)
+    if config.trace in traces.samples.names():
+        df = traces.load_sample(config.trace)
+    elif path.exists():
+        df = traces.load(path)
+    else:
+        raise ValueError(f"trace {config.trace!r} is neither a file nor a bundled sample "
+                         f"({', '.join(traces.samples.names())})")
+    if config.trace_start_s or config.trace_end_s is not None:
+        df = traces.window(df, start_s=config.trace_start_s, end_s=config.trace_end_s)
+    if config.rate_scale != 1.0:
+        df = traces.scale_rate(df, factor=config.rate_scale)
+    if config.max_requests is not None:
+        df = df.iloc[: config.max_requests]
+    if df.empty:
+        raise ValueError(f"trace {config.trace!r} has no request in the selected window")
+    return df
+
+
+def _requests(df: pd.DataFrame) -> list[Request]:
+    hashes = df["prefix_hashes"] if "prefix_hashes" in df.columns else None
+    out = []
+    for i, (t, p, o) in enumerate(zip(df["arrival_s"], df["prompt_tokens"], df["output_tokens"])):
+        h = tuple(hashes.iloc[i]) if hashes is not None else ()
+        out.append(Request(i, float(t), int(p), int(o), h))
+    return out
+
+
+def max_request_tokens(plan, model, config: RunConfig) -> int:
+    """The longest request (prompt + output tokens) an empty pool of this
+    layout can hold, prefilled in chunks with the window ratchet between."""
+    budget = config.scheduler.prefill_tokens_per_step
+    window = model.window_tokens if model.swa_layers else None
+
+    def fits(total: int) -> bool:
+        pool = plan.make_pool(SimBackend(), config.compaction)
+        mem = Memory(pool, window_tokens=window, block_tokens=None)
+        req = Request(0, 0.0, total, 1)
+        if mem.state_band is not None and pool.alloc_state(mem.state_band, 1) is None:
+            return False
+        while req.seq < total:
+            if not mem.extend(req, min(budget, total - req.seq)):
+                return False
+            mem.ratchet([req])
+        return True
+
+    lo, hi = 0, max(1, int(config.kv_budget_gib * GIB) // max(1, model.full_token_bytes or model.token_bytes))
+    if fits(hi):
+        return hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+class StepCost:
+    """Step time of the cost model for one model and hardware."""
+
+    def __init__(self, model, hw) -> None:
+        self.model, self.hw = model, hw
+
+    def __call__(self, prefill_tokens: int, decode_tokens: int, kv_bytes_read: int, moved_bytes: int) -> float:
+        return cost_model.step_time_s(self.model, self.hw, prefill_tokens=prefill_tokens,
+                                      decode_tokens=decode_tokens, kv_bytes_read=kv_bytes_read,
+                                      moved_bytes=moved_bytes)
+
+    def move_time_s(self, moved_bytes: int) -> float:
+        return 2 * moved_bytes / self.hw.move_bandwidth_bytes_per_s
+
+
+def _kv_reader(model, page_size: int) -> Callable[[list[Request]], int]:
+    full, swa, state = model.full_token_bytes, model.swa_token_bytes, model.state_bytes
+    window = model.window_tokens or 0
+
+    def kv_bytes(batch: list[Request]) -> int:
+        seqs = [r.seq for r in batch]
+        total = full * sum(seqs) + state * len(batch)
+        if swa:
+            total += swa * sum(min(s, window) for s in seqs)
+        return total
+
+    return kv_bytes
+
+
+def git_revision() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parent, timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def run(config: RunConfig, *, progress: Optional[Callable[[int, int], None]] = None,
+        trace_df: Optional[pd.DataFrame] = None, hw=None) -> RunResult:
+    """Replay the trace of `config` and return its tables and summary.
+
+    Raises:
+        ValueError: unknown model / layout, a trace the loader rejects, or
+            (with `oversize="error"`) a request that can never fit the layout.
+    """
+    with torch_threads(1):
+        return _run(config, progress, trace_df, hw)
+
+
+def _run(config, progress, trace_df, hw) -> RunResult:
+    t0 = time.perf_counter()
+    df = load_trace(config) if trace_df is None else trace_df
+    model = load_model(config.model)
+    plan = build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
+                        kind=config.layout, static_ratio=config.static_ratio)
+    reqs = _requests(df)
+    limit = max_request_tokens(plan, model, config)
+    longest = max(r.prompt_tokens + r.output_tokens for r in reqs)
+    if config.oversize == "error" and longest > limit:
+        too_long = sum(r.prompt_tokens + r.output_tokens > limit for r in reqs)
+        raise ValueError(
+            f"KV budget {config.kv_budget_gib} GiB ({config.layout}) holds at most {limit} tokens "
+            f"of one {model.name} request, but {too_long} request(s) of the trace need up to "
+            f"{longest}; raise kv_budget_gib or pass oversize='reject'")
+    pool = plan.make_pool(SimBackend(), config.compaction)
+    block = config.scheduler.block_tokens or df.attrs.get("block_tokens")
+    use_cache = config.scheduler.prefix_cache and block and "prefix_hashes" in df.columns
+    memory = Memory(pool, window_tokens=model.window_tokens if model.swa_layers else None,
+                    block_tokens=int(block) if use_cache else None)
+    hw = hw or cost_model.HardwareSpec.from_results(Path(__file__).resolve().parents[1] / "results" / "kernels")
+    sim = Simulation(
+        reqs, memory, step_cost=StepCost(model, hw), kv_bytes=_kv_reader(model, config.page_size),
+        max_running=config.scheduler.max_running,
+        prefill_tokens_per_step=config.scheduler.prefill_tokens_per_step, max_tokens=limit,
+        reserve=(config.scheduler.reserve_init, config.scheduler.reserve_min,
+                 config.scheduler.reserve_decay),
+        check_every=config.check_every, is_oracle=config.layout == "oracle",
+        progress=(lambda done: progress(done, len(reqs))) if progress else None,
+    )
+    sim.run()
+    steps, requests = sim.recorder.steps_frame(), sim.recorder.requests_frame()
+    summary = summarize(steps, requests, pool.stats())
+    summary["max_request_tokens"] = limit
+    identity = _identity(config, df, model, plan)
+    return RunResult(config, identity, steps, requests, summary, sim.violations,
+                     time.perf_counter() - t0)
+
+
+def _identity(config: RunConfig, df: pd.DataFrame, model, plan) -> dict:
+    return {
+        "trace": str(df.attrs.get("source", config.trace)),
+        "trace_slice": {"start_s": config.trace_start_s, "end_s": config.trace_end_s,
+                        "rate_scale": config.rate_scale, "max_requests": config.max_requests},
+        "model": model.name,
+        "kv_budget_bytes": plan.layout.total_bytes,
+        "page_size": config.page_size,
+        "layout": config.layout,
+        "bands": [f"{b.name}({b.grow.value})" for b in plan.layout.bands],
+        "compaction": config.compaction,
+        "scheduler": config.as_dict()["scheduler"],
+        "seed": config.seed,
+        "unikv_version": unikv.__version__,
+        "git_revision": git_revision(),
+    }
+
+
+def write_run(result: RunResult, out_dir: Path, fmt: str = "parquet") -> Path:
+    """Write steps / requests tables, summary.json and config.json."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, frame in (("steps", result.steps), ("requests", result.requests)):
+        if fmt == "parquet":
+            frame.to_parquet(out_dir / f"{name}.parquet", index=False)
+        else:
+            frame.to_csv(out_dir / f"{name}.csv", index=False)
+    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.summary.items()}
+    (out_dir / "summary.json").write_text(json.dumps(
+        {"identity": result.identity, "summary": clean, "wall_s": result.wall_s,
+         "violations": result.violations}, indent=2))
+    (out_dir / "config.json").write_text(json.dumps(result.config.as_dict(), indent=2))
+    return out_dir
