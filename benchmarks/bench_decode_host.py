@@ -42,7 +42,7 @@ def unikv_engine(batch: int, device: str):
     from unikv import Band, Layout, UnifiedPool
     from unikv.backends.cuda import CudaBackend
 
-    layout = Layout(total_bytes=1024 * MIB, bands=[
+    layout = Layout(total_bytes=4096 * MIB, bands=[
         Band("mamba", entry_bytes=64 * 1024, grow="up", unit="request"),
         Band("swa", entry_bytes=4096, grow="float", page_size=PS, blocks_per_page=8),
         Band("full", entry_bytes=12288, grow="down", page_size=PS, blocks_per_page=24),
@@ -61,7 +61,8 @@ def unikv_engine(batch: int, device: str):
 
 def unikv_step(e: dict, step: int, finish_every: int) -> None:
     pool, lens, rows = e["pool"], e["lens"], e["rows"]
-    seq, row_idx = upload([lens[r] + 1 for r in rows]), upload(rows)
+    dev = e["table"].device
+    seq, row_idx = upload([lens[r] + 1 for r in rows], dev), upload(rows, dev)
     last = e["table"][row_idx, seq - 2]
     new = pool.alloc_decode(seq, last)
     e["table"][row_idx, seq - 1] = new
@@ -79,8 +80,10 @@ def unikv_step(e: dict, step: int, finish_every: int) -> None:
     pool.flush()
 
 
-def upload(values: list[int]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64, pin_memory=True).to("cuda", non_blocking=True)
+def upload(values: list[int], device: torch.device) -> torch.Tensor:
+    """Host ints -> device, asynchronously through pinned memory."""
+    cuda = device.type == "cuda"
+    return torch.tensor(values, dtype=torch.int64, pin_memory=cuda).to(device, non_blocking=cuda)
 
 
 # -- the baseline: a plain torch paged allocator per band --
@@ -114,8 +117,8 @@ class PlainPagedAllocator:
 
 
 def baseline_engine(batch: int, device: str):
-    full = PlainPagedAllocator(1024 * MIB // 2 // (12288 * PS), PS, device)
-    swa = PlainPagedAllocator(1024 * MIB // 4 // (4096 * PS), PS, device)
+    full = PlainPagedAllocator(3072 * MIB // (12288 * PS), PS, device)
+    swa = PlainPagedAllocator(1024 * MIB // (4096 * PS), PS, device)
     states = torch.arange(1, 1 + batch, device=device)
     lens = [300 + (37 * i) % 400 for i in range(batch)]
     tables = {}
@@ -132,7 +135,8 @@ def baseline_engine(batch: int, device: str):
 
 def baseline_step(e: dict, step: int, finish_every: int) -> None:
     lens, rows = e["lens"], e["rows"]
-    seq, row_idx = upload([lens[r] + 1 for r in rows]), upload(rows)
+    dev = e["tables"]["full"].device
+    seq, row_idx = upload([lens[r] + 1 for r in rows], dev), upload(rows, dev)
     for name, alloc in e["alloc"].items():
         t = e["tables"][name]
         t[row_idx, seq - 1] = alloc.alloc_decode(seq, t[row_idx, seq - 2])
@@ -193,12 +197,15 @@ def count_syncs(step, e, steps: int, finish_every: int, first: int) -> collectio
 
 def run(batch: int, engine: str, args) -> tuple[dict, list[dict]]:
     build, step = ENGINES[engine]
-    e = build(batch, "cuda")
+    e = build(batch, args.device)
     time_steps(step, e, args.warmup, args.finish_every, 0)
-    torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    sync()
     us = time_steps(step, e, args.steps, args.finish_every, args.warmup)
-    torch.cuda.synchronize()
-    sites = count_syncs(step, e, args.sync_steps, args.finish_every, args.warmup + args.steps)
+    sync()
+    sites = collections.Counter()
+    if args.device == "cuda":
+        sites = count_syncs(step, e, args.sync_steps, args.finish_every, args.warmup + args.steps)
     total = sum(sites.values())
     summary = {"bench": "decode_host", "allocator": engine, "batch": batch, "steps": args.steps,
                "host_us_median": round(statistics.median(us), 1), "host_us_mean": round(statistics.fmean(us), 1),
@@ -209,11 +216,12 @@ def run(batch: int, engine: str, args) -> tuple[dict, list[dict]]:
     return summary, site_rows
 
 
-def stamp() -> dict:
+def stamp(device: str) -> dict:
     import triton
 
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     return {"ts": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+            "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__}
 
 
 def append_csv(path: str, rows: list[dict]) -> None:
@@ -237,12 +245,13 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--sync-steps", type=int, default=40)
     ap.add_argument("--finish-every", type=int, default=8)
+    ap.add_argument("--device", default="cuda", help="'cpu' is a dry run of the script (no sync counts)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_decode_host: needs a CUDA device", file=sys.stderr)
         return 2
     sites_out = args.sites_out or os.path.join(os.path.dirname(args.out) or ".", "decode_sync_sites.csv")
-    row0 = stamp()
+    row0 = stamp(args.device)
     summaries, sites = [], []
     for batch in args.batch:
         for engine in ENGINES:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import csv
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping, Optional
 
 from sim.models import ModelSpec
 
@@ -67,8 +67,8 @@ class HardwareSpec:
         object.__setattr__(self, "sources", dict(self.sources))
 
     @classmethod
-    def from_results(cls, path: str | Path = "results/kernels", *, impl: Optional[str] = None,
-                     **overrides) -> "HardwareSpec":
+    def from_results(cls, path: str | Path = "results/kernels", *, impl: str | None = None,
+                     **overrides) -> HardwareSpec:
         """Defaults (plus `overrides`), with move_bytes_per_s from a measured CSV if present.
 
         `path` is a CSV file or a folder of them (long format with columns
@@ -98,7 +98,7 @@ def _check_number(name: str, value, *, low: float, open_low: bool = False,
         raise ValueError(f"HardwareSpec: {name}={value!r} must be a finite number {bound}")
 
 
-def _measured_move_bandwidth(path: Path, impl: Optional[str]) -> Optional[tuple[float, str]]:
+def _measured_move_bandwidth(path: Path, impl: str | None) -> tuple[float, str] | None:
     files = sorted(path.glob("*.csv")) if path.is_dir() else [path] if path.is_file() else []
     rows = [row for f in files for row in _move_rows(f)]
     if not rows:
@@ -156,8 +156,8 @@ class StepCost:
 
 
 def step_cost(model: ModelSpec, hw: HardwareSpec, *, prefill_tokens: int, decode_tokens: int,
-              kv_bytes_read: int, moved_bytes: int, params_active: Optional[int] = None,
-              weight_bytes: Optional[int] = None) -> StepCost:
+              kv_bytes_read: int, moved_bytes: int, params_active: int | None = None,
+              weight_bytes: int | None = None) -> StepCost:
     """The terms of one step's time (see module docstring).
 
     Args:
@@ -194,7 +194,7 @@ def step_time_s(model: ModelSpec, hw: HardwareSpec, *, prefill_tokens: int, deco
                      kv_bytes_read=kv_bytes_read, moved_bytes=moved_bytes, **overrides).total_s
 
 
-def _model_figure(model: ModelSpec, name: str, override: Optional[int]) -> float:
+def _model_figure(model: ModelSpec, name: str, override: int | None) -> float:
     value = getattr(model, name) if override is None else override
     if value is None or isinstance(value, bool) or not value > 0:
         raise ValueError(f"model {model.name!r} has {name}={value!r}; pass {name}=... "

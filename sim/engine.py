@@ -70,6 +70,7 @@ class Simulation:
         self.arrived = self.done = self.steps = 0
         self.violations: list[str] = []
         self._wake: Optional[simpy.Event] = None
+        self._view: Optional[tuple] = None
         self._counts = dict(admitted=0, finished=0, retracted=0, rejected=0)
 
     # -- processes --
@@ -257,10 +258,16 @@ class Simulation:
     def _moved_bytes(self) -> int:
         return sum(c.moved_bytes for c in self.pool.counters.bands.values())
 
+    def _pool_view(self) -> tuple[dict, int]:
+        """Occupancy and available tokens, recomputed only after a change."""
+        epoch = self.pool.epoch.value
+        if self._view is None or self._view[0] != epoch:
+            self._view = (epoch, self.pool.occupancy(), self.pool.available_size())
+        return self._view[1], self._view[2]
+
     def _record(self, dt: float, prefill_tokens: int, decode_tokens: int, moved: int) -> None:
-        occ = self.pool.occupancy()
+        occ, avail = self._pool_view()
         bands = occ["bands"]
-        avail = self.pool.available_size()
         live = sum(b["live_bytes"] for b in bands.values())
         holes = sum(b["hole_bytes"] for b in bands.values())
         occupied = sum(b["occupied_bytes"] for b in bands.values())

@@ -10,8 +10,8 @@ split, the byte fractions a serving engine's start-up ratios give
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
 
 from sim.models import ModelSpec
 from unikv import Band, Layout, OraclePool, StaticPartitionPool, UnifiedPool
@@ -71,8 +71,8 @@ class LayoutPlan:
     model: ModelSpec
     layout: Layout
     pool_class: str
-    fractions: Optional[Mapping[str, float]] = field(default=None, hash=False)
-    static_ratio: Optional[StaticRatio] = None
+    fractions: Mapping[str, float] | None = field(default=None, hash=False)
+    static_ratio: StaticRatio | None = None
 
     @property
     def page_size(self) -> int:
@@ -233,7 +233,7 @@ def _check_kind(model: ModelSpec, kind: str) -> None:
 
 def worst_case_request_bytes(model: ModelSpec, prompt_tokens: int, output_tokens: int,
                              page_size: int, *,
-                             prefill_chunk_tokens: Optional[int] = None) -> dict[str, int]:
+                             prefill_chunk_tokens: int | None = None) -> dict[str, int]:
     """Peak bytes one request holds in each band, page-rounded.
 
     full: every token. swa (and chunked-local): the window plus one prefill
@@ -273,7 +273,7 @@ def static_region_bytes(plan: LayoutPlan) -> dict[str, int]:
 
 
 def check_fits(plan: LayoutPlan, max_request_tokens: int, *,
-               prefill_chunk_tokens: Optional[int] = None) -> dict[str, int]:
+               prefill_chunk_tokens: int | None = None) -> dict[str, int]:
     """Raise unless one request of `max_request_tokens` tokens fits `plan` alone.
 
     Returns the request's per-band footprint (`worst_case_request_bytes`,

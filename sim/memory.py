@@ -143,15 +143,20 @@ class Memory:
 
     def decode(self, reqs: list[Request]) -> bool:
         """One new position for every request in `reqs` (no eviction)."""
-        seq = torch.tensor([r.seq + 1 for r in reqs], dtype=torch.int64)
-        last = torch.tensor([r.last_loc(self.ps) for r in reqs], dtype=torch.int64)
-        out = self.pool.alloc_decode(seq, last)
-        if out is None:
-            return False
+        # Only requests whose new token opens a page change the pool; the
+        # others write into their tail page (the pool's answer for them is
+        # last_loc + 1), so they need no call: the pool ends in the same state.
         ps = self.ps
-        for r, t in zip(reqs, out.tolist()):
-            if r.seq % ps == 0:
+        opening = [r for r in reqs if r.seq % ps == 0]
+        if opening:
+            seq = torch.tensor([r.seq + 1 for r in opening], dtype=torch.int64)
+            last = torch.tensor([r.last_loc(ps) for r in opening], dtype=torch.int64)
+            out = self.pool.alloc_decode(seq, last)
+            if out is None:
+                return False
+            for r, t in zip(opening, out.tolist()):
                 r.pages.append(t // ps)
+        for r in reqs:
             r.seq += 1
         return True
 

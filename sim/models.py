@@ -14,11 +14,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 KV_DTYPE_BYTES = 2  # bf16; no checkpoint declares a KV-cache dtype
 STATE_DTYPES = ("bf16", "fp32_ssm")
@@ -108,7 +109,7 @@ def _read_data(filename: str) -> dict:
     return json.loads(resources.files("sim").joinpath("data").joinpath(filename).read_text())
 
 
-@lru_cache(maxsize=None)
+@cache
 def _bundled() -> tuple[dict[str, dict], dict[str, dict]]:
     models = {m["id"]: m for m in _read_data("models.json")["models"]}
     return models, _read_data("params.json")["models"]
@@ -196,8 +197,10 @@ def _from_config_file(path: Path, state_dtype: str) -> ModelSpec:
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
     models, params = _bundled()
-    known = next((m["id"] for m in models.values() if path.name in m["sources"].get("config", "")),
-                 None)
+    # Only a distinctive file name ("<org>--<model>_config.json") identifies a bundled model.
+    known = None if path.name == "config.json" else next(
+        (m["id"] for m in models.values() if f"/{path.name}" in m["sources"].get("config", "")),
+        None)
     spec = parse_config(config, name=known or path.stem, state_dtype=state_dtype)
     extra = params.get(known, {}) if known else {}
     sizes = {k: v for k, v in _param_fields(extra).items() if v is not None}

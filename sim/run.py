@@ -108,7 +108,7 @@ def max_request_tokens(plan, model, config: RunConfig) -> int:
     return lo
 
 
-class StepCost:
+class EngineStepCost:
     """Step time of the cost model for one model and hardware."""
 
     def __init__(self, model, hw) -> None:
@@ -120,7 +120,7 @@ class StepCost:
                                       moved_bytes=moved_bytes)
 
     def move_time_s(self, moved_bytes: int) -> float:
-        return 2 * moved_bytes / self.hw.move_bandwidth_bytes_per_s
+        return 2 * moved_bytes / self.hw.move_bytes_per_s
 
 
 def _kv_reader(model, page_size: int) -> Callable[[list[Request]], int]:
@@ -180,7 +180,7 @@ def _run(config, progress, trace_df, hw) -> RunResult:
                     block_tokens=int(block) if use_cache else None)
     hw = hw or cost_model.HardwareSpec.from_results(Path(__file__).resolve().parents[1] / "results" / "kernels")
     sim = Simulation(
-        reqs, memory, step_cost=StepCost(model, hw), kv_bytes=_kv_reader(model, config.page_size),
+        reqs, memory, step_cost=EngineStepCost(model, hw), kv_bytes=_kv_reader(model, config.page_size),
         max_running=config.scheduler.max_running,
         prefill_tokens_per_step=config.scheduler.prefill_tokens_per_step, max_tokens=limit,
         reserve=(config.scheduler.reserve_init, config.scheduler.reserve_min,

@@ -24,12 +24,16 @@ class Chain:
         self.epoch = epoch
         self.bands: list = []
         self._memo: dict[tuple, tuple[int, int]] = {}
+        self._extents: Optional[tuple[int, list[Extent]]] = None  # (epoch, extents)
 
     def extents(self, schedulable: bool = False) -> list[Extent]:
         """Every band's extent; `schedulable` pretends lazy END bands were
         urgently flushed (their holes reclaimed at the frontier)."""
-        ext = [b.extent() for b in self.bands]
-        return [after_urgent_flush(e) for e in ext] if schedulable else ext
+        cached = self._extents
+        if cached is None or cached[0] != self.epoch.value:
+            cached = self._extents = (self.epoch.value, [b.extent() for b in self.bands])
+        ext = cached[1]
+        return [after_urgent_flush(e) for e in ext] if schedulable else list(ext)
 
     def float_index(self) -> Optional[int]:
         for i, b in enumerate(self.bands):
@@ -73,13 +77,16 @@ class Chain:
     def memo_violations(self) -> list[str]:
         """A memo of the current epoch must equal a fresh recompute."""
         out = []
+        now = [b.extent() for b in self.bands]  # fresh, bypassing every memo
+        if self._extents is not None and self._extents[0] == self.epoch.value and self._extents[1] != now:
+            out.append("[chain] stale extents memo")
         for key, (epoch, value) in list(self._memo.items()):
             if epoch != self.epoch.value:
                 continue
+            ext = [after_urgent_flush(e) for e in now] if key[2] else now
             if key[0] == "joint":
-                fresh = joint_pages(self.extents(key[2]), key[1], self.total_bytes)
+                fresh = joint_pages(ext, key[1], self.total_bytes)
             else:
-                ext = self.extents(key[2])
                 fresh = ext[key[1]].holes + extension_room(ext, key[1], self.total_bytes)
             if fresh != value:
                 out.append(f"[chain] stale capacity memo {key}: cached {value}, actual {fresh}")
@@ -87,6 +94,7 @@ class Chain:
 
     def forget_memos(self) -> None:
         self._memo.clear()
+        self._extents = None
 
     # -- geometry checks and views --
 

@@ -102,9 +102,11 @@ def check_range(ids: torch.Tensor, low: int, high: int, what: str) -> None:
     """Every id in `[low, high)`, else ValueError listing a few offenders."""
     if ids.numel() == 0:
         return
+    lo, hi = torch.aminmax(ids)
+    if int(lo) >= low and int(hi) < high:
+        return
     bad = ids[(ids < low) | (ids >= high)]
-    if bad.numel():
-        raise ValueError(f"{what}: ids {_few(bad)} are outside [{low}, {high})")
+    raise ValueError(f"{what}: ids {_few(bad)} are outside [{low}, {high})")
 
 
 def check_count(n, what: str, multiple: int = 1) -> int:

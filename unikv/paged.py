@@ -58,7 +58,7 @@ def decode_request(pool, seq_lens, last_loc) -> PagedRequest:
     if seq.numel() != last.numel():
         raise ValueError(f"alloc_decode: seq_lens and last_loc have lengths "
                          f"{seq.numel()}, {last.numel()}; expected equal")
-    if seq.numel() and bool((seq < 1).any()):
+    if seq.numel() and int(seq.min()) < 1:
         raise ValueError(f"alloc_decode: seq_lens {few(seq[seq < 1])} must be >= 1")
     prefix = seq - 1
     _check_last_loc(pool, prefix, last, "alloc_decode")
@@ -71,18 +71,20 @@ def _check_last_loc(pool, prefix: torch.Tensor, last: torch.Tensor, op: str) -> 
     ps = pool.page_size
     if ps == 1 or prefix.numel() == 0:
         return
+    # One fused check on the happy path; offenders are listed only on error.
     tail = prefix % ps != 0
-    if not bool(tail.any()):
+    in_range = (last >= 0) & (last < pool.vids.size * ps)
+    safe = torch.where(in_range, last, torch.zeros_like(last))
+    at_end = safe % ps == (prefix - 1) % ps
+    live = pool.vids.binds[torch.div(safe, ps, rounding_mode="floor")] > 0
+    if not bool((tail & ~(in_range & at_end & live)).any()):
         return
-    loc, pre = last[tail], prefix[tail]
-    check_range(loc, 0, pool.vids.size * ps, f"{op}: last_loc")
-    wrong = loc[loc % ps != (pre - 1) % ps]
+    check_range(last[tail], 0, pool.vids.size * ps, f"{op}: last_loc")
+    wrong = last[tail & ~at_end]
     if wrong.numel():
         raise ValueError(f"{op}: last_loc {few(wrong)} do not sit at the prefix's last "
                          f"position within their page (page_size={ps})")
-    dead = loc[pool.vids.binds[torch.div(loc, ps, rounding_mode='floor')] <= 0]
-    if dead.numel():
-        raise ValueError(f"{op}: last_loc {few(dead)} are not on allocated pages")
+    raise ValueError(f"{op}: last_loc {few(last[tail & ~live])} are not on allocated pages")
 
 
 def page_representatives(ids: torch.Tensor, start_pos: int, page_size: int) -> torch.Tensor:

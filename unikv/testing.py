@@ -119,8 +119,8 @@ class Forward:
     event: object
     fire_at: int  # driver op count at which the driver fires it
     touched: set  # (band, virtual page or state id) it reads or writes
-    reads: list  # (band, launch-time physical slots, rows expected there)
-    writes: list  # (band, virtual ids, launch-time physical slots, new rows)
+    reads: list  # (band, virtual ids, launch-time physical slots, rows expected there)
+    writes: list  # (band, virtual ids, launch-time physical slots, rows it writes)
 
 
 class Driver:
@@ -210,9 +210,11 @@ class Driver:
 
     # -- model helpers --
 
-    def _tensor(self, ids) -> torch.Tensor:
-        return torch.as_tensor(list(ids) if not isinstance(ids, torch.Tensor) else ids,
-                               dtype=torch.int64).reshape(-1)
+    @staticmethod
+    def _tensor(ids) -> torch.Tensor:
+        if isinstance(ids, torch.Tensor):
+            return ids.to(torch.int64).reshape(-1)
+        return torch.tensor(list(ids), dtype=torch.int64)
 
     def _new_rows(self, band: str, n: int) -> torch.Tensor:
         rows = pattern_rows(torch.arange(self.stamp, self.stamp + n), self.entry[band])
@@ -232,177 +234,314 @@ class Driver:
         for band in self.token_bands:
             self._write(band, ids)
 
-    def _touches(self, pairs) -> bool:
-        return self.inflight is not None and not self.inflight.touched.isdisjoint(pairs)
-
-    def _token_pairs(self, band: str, tokens) -> set:
+    def _pairs(self, band: str, tokens) -> set:
+        """(band, virtual page) of token ids."""
         return {(band, t // self.ps) for t in tokens}
 
-    def shortfall(self, what: str) -> None:
-        """An alloc returned None: the engine evicts a random request."""
-        self.counts["shortfall"] += 1
-        self.log("shortfall", what)
-        if self.reqs:
-            self.free_request(self.rng.choice(list(self.reqs)))
-        elif any(self.orphans.values()):
-            band = self.rng.choice([b for b in self.state_bands if self.orphans[b]])
-            self._free_orphans(band, len(self.orphans[band]))
+    def _settle_if_touched(self, pairs: set) -> None:
+        """The engine never frees what the running forward touches: it
+        waits for the forward first."""
+        if self.inflight is not None and not self.inflight.touched.isdisjoint(pairs):
+            self.fire()
+
+    def _new_request(self, tokens: list[int], states: dict[str, int]) -> int:
+        rid = self.next_rid
+        self.next_rid += 1
+        self.reqs[rid] = Request(rid, tokens, states)
+        return rid
+
+    # -- engine actions (deterministic; None means the pool fell short) --
+
+    def extend(self, rids: list[int], adds: list[int], new_lengths: list[int] = ()) -> Optional[list[int]]:
+        """One `alloc_extend`: request `rids[i]` gains `adds[i]` tokens (tail
+        page reused) and a new request (prefix 0, one state slot per state
+        band) is admitted per `new_lengths`. Returns the batch's request ids."""
+        states = self.alloc_states(len(new_lengths))
+        if states is None:
+            return None
+        reqs = [self.reqs[r] for r in rids]
+        prefix = [len(r.tokens) for r in reqs] + [0] * len(new_lengths)
+        adds = list(adds) + list(new_lengths)
+        seq = [p + a for p, a in zip(prefix, adds)]
+        last = [r.tokens[-1] for r in reqs] + [0] * len(new_lengths)
+        out = self.pool.alloc_extend(prefix, seq, last, sum(adds))
+        if out is None:
+            self.free_states(states)
+            self.log("short: alloc_extend", prefix, seq)
+            return None
+        ids, pos, batch = out.tolist(), 0, []
+        for i, a in enumerate(adds):
+            chunk = ids[pos:pos + a]
+            pos += a
+            if i < len(reqs):
+                reqs[i].tokens += chunk
+                batch.append(reqs[i].rid)
+            else:
+                batch.append(self._new_request(chunk, states[i - len(reqs)]))
+        self._write_tokens(out)
+        self.last_batch = ([rid for rid, a in zip(batch, adds) for _ in range(a)], ids)
+        self.log("extend", list(zip(batch, prefix, seq)))
+        return batch
+
+    def admit_alloc(self, n: int) -> Optional[int]:
+        """A new request of `n` tokens (a multiple of page_size) by plain `alloc`."""
+        states = self.alloc_states(1)
+        if states is None:
+            return None
+        out = self.pool.alloc(n)
+        if out is None:
+            self.free_states(states)
+            self.log("short: alloc", n)
+            return None
+        rid = self._new_request(out.tolist(), states[0])
+        self._write_tokens(out)
+        self.log("alloc", rid, n)
+        return rid
+
+    def decode(self, rids: list[int]) -> Optional[bool]:
+        """One `alloc_decode` token for each request of `rids`."""
+        reqs = [self.reqs[r] for r in rids]
+        out = self.pool.alloc_decode([len(r.tokens) + 1 for r in reqs], [r.tokens[-1] for r in reqs])
+        if out is None:
+            self.log("short: alloc_decode", rids)
+            return None
+        ids = out.tolist()
+        for r, t in zip(reqs, ids):
+            r.tokens.append(t)
+        self._write_tokens(out)
+        self.last_batch = (list(rids), ids)
+        self.log("decode", rids)
+        return True
+
+    def ratchet(self, rid: int, start_pos: bool = True) -> bool:
+        """Release on the window band the whole pages of `rid` that left the
+        window; `start_pos` passes the run's position. False: nothing to do."""
+        r, band = self.reqs[rid], self.window_band
+        cut = (len(r.tokens) - self.window) // self.ps * self.ps
+        if band is None or cut <= r.released:
+            return False
+        ids = r.tokens[r.released:cut]
+        self._settle_if_touched(self._pairs(band, ids))
+        t = self._tensor(ids)
+        self.pool.release(t, band=band, start_pos=r.released if start_pos else None)
+        self.live[band][t] = False
+        self.log("release", rid, r.released, cut, "start_pos" if start_pos else "")
+        r.released = cut
+        return True
 
     def free_request(self, rid: int) -> None:
+        """Finish `rid`: `free` its tokens, `free_state` its slots."""
         r = self.reqs[rid]
-        pairs = set()
+        pairs = {(b, s) for b, s in r.states.items()}
         for band in self.token_bands:
-            pairs |= self._token_pairs(band, r.tokens)
-        pairs |= {(b, s) for b, s in r.states.items()}
-        if self._touches(pairs):
-            self.fire()
+            pairs |= self._pairs(band, r.tokens)
+        self._settle_if_touched(pairs)
         del self.reqs[rid]
         ids = self._tensor(r.tokens)
         self.pool.free(ids)
         for band in self.token_bands:
             self.live[band][ids] = False
-        for band, s in r.states.items():
-            self.pool.free_state(band, [s])
-            self.live[band][s] = False
+        self.free_states([r.states])
         self.log("free", rid, len(r.tokens))
 
-    def _alloc_states(self, count: int) -> Optional[list[dict[str, int]]]:
-        """One slot per state band for each of `count` new requests."""
+    def alloc_states(self, count: int) -> Optional[list[dict[str, int]]]:
+        """One slot on every state band for each of `count` requests."""
+        if count == 0 or not self.state_bands:
+            return [{} for _ in range(count)]
         got: dict[str, list[int]] = {}
         for band in self.state_bands:
             ids = self.pool.alloc_state(band, count)
             if ids is None:
-                self._free_states([{b: s[i] for b, s in got.items()} for i in range(count)])
-                self.shortfall(f"alloc_state {band} {count}")
+                self.free_states([{b: s[i] for b, s in got.items()} for i in range(count)])
+                self.log("short: alloc_state", band, count)
                 return None
             got[band] = ids.tolist()
             self._write(band, ids)
         return [{b: got[b][i] for b in got} for i in range(count)]
 
-    def _free_states(self, states: list[dict[str, int]]) -> None:
+    def free_states(self, states: list[dict[str, int]]) -> None:
         for st in states:
+            self._settle_if_touched(set(st.items()))
             for band, s in st.items():
                 self.pool.free_state(band, [s])
                 self.live[band][s] = False
 
-    def _free_orphans(self, band: str, k: int) -> None:
-        ids = self.orphans[band][:k]
-        if self._touches({(band, s) for s in ids}):
-            self.fire()
-        self.orphans[band] = self.orphans[band][k:]
-        self.pool.free_state(band, ids)
-        self.live[band][self._tensor(ids)] = False
+    def alloc_orphans(self, band: str, k: int) -> Optional[list[int]]:
+        """`k` state slots no request owns (e.g. cached prefix snapshots)."""
+        ids = self.pool.alloc_state(band, k)
+        if ids is None:
+            self.log("short: alloc_state", band, k)
+            return None
+        self.orphans[band] += ids.tolist()
+        self._write(band, ids)
+        self.log("alloc_state", band, ids.tolist())
+        return ids.tolist()
+
+    def free_orphans(self, band: str, k: int) -> None:
+        ids, self.orphans[band] = self.orphans[band][:k], self.orphans[band][k:]
+        self.free_states([{band: s} for s in ids])
         self.log("free_state", band, ids)
 
-    # -- ops (each returns False when it had nothing to do) --
+    def free_all(self) -> None:
+        """Finish the forward and every request, free every state slot."""
+        self.fire()
+        for rid in list(self.reqs):
+            self.free_request(rid)
+        for band in self.state_bands:
+            self.free_orphans(band, len(self.orphans[band]))
+
+    def clear(self) -> None:
+        """`pool.clear()` (after the forward finished) and forget everything."""
+        self.fire()
+        self.pool.clear()
+        for mask in self.live.values():
+            mask.zero_()
+        self.reqs.clear()
+        self.orphans = {n: [] for n in self.state_bands}
+        self.last_batch = None
+        self.log("clear")
+
+    def probe_available(self, keep: bool = False) -> Optional[int]:
+        """Alloc exactly `available_size()` tokens: it must fit and move no
+        page. Frees it again unless `keep`. Returns the request id."""
+        n = self.pool.available_size()
+        if n % self.ps:
+            self.pending_violations.append(f"available_size() {n} is not a multiple of {self.ps}")
+        if n == 0 or n % self.ps:
+            return None
+        moves = self.pool.stats()["moves"]
+        out = self.pool.alloc(n)
+        if out is None:
+            self.pending_violations.append(f"alloc(available_size()={n}) returned None")
+            return None
+        if self.pool.stats()["moves"] != moves:
+            self.pending_violations.append(f"alloc(available_size()={n}) moved pages")
+        rid = self._new_request(out.tolist(), {})
+        self._write_tokens(out)
+        self.log("probe alloc", rid, n)
+        if not keep:
+            self.free_request(rid)
+        return rid
+
+    # -- forwards --
+
+    def launch(self, rids: Optional[list[int]] = None, write_ids: Optional[list[int]] = None) -> Optional[Forward]:
+        """Declare a forward: it reads every live slot of `rids` and writes
+        `write_ids` (default: the last decode / extend batch and the ids it
+        allocated). A forward still running is finished first."""
+        self.fire()
+        if rids is None:
+            if self.last_batch is None:
+                return None
+            owners, ids = self.last_batch
+            self.last_batch = None
+            # Only ids of requests still live: a freed request's ids may be reused.
+            write_ids = [t for r, t in zip(owners, ids) if r in self.reqs]
+            rids = [r for r in dict.fromkeys(owners) if r in self.reqs]
+        reqs = [self.reqs[r] for r in rids]
+        written = self._tensor(write_ids or [])
+        if not reqs or written.numel() == 0:
+            return None
+        fwd = Forward(self.pool.backend.new_event(f"forward@{self.ops}"),
+                      self.ops + self.rng.randint(1, self.forward_delay), set(), [], [])
+        for band in self.token_bands:
+            toks = self._tensor([t for r in reqs for t in r.tokens])
+            toks = toks[self.live[band][toks]]
+            fwd.touched |= self._pairs(band, toks.tolist())
+            self._plan_io(fwd, band, toks, written[self.live[band][written]])
+        states: dict[str, list[int]] = {}
+        for band in self.state_bands:
+            states[band] = [r.states[band] for r in reqs if band in r.states]
+            fwd.touched |= {(band, s) for s in states[band]}
+            self._plan_io(fwd, band, self._tensor(states[band]), self._tensor(states[band]))
+        fwd.event.on_fire(lambda: self._forward_done(fwd))
+        self.inflight = fwd
+        self.pool.set_inflight_forward(fwd.event, write_ids=written,
+                                       state_write_ids={b: s for b, s in states.items() if s})
+        self.log("launch", rids, "writes", len(write_ids), "fires at", fwd.fire_at)
+        return fwd
+
+    def _plan_io(self, fwd: Forward, band: str, reads: torch.Tensor, writes: torch.Tensor) -> None:
+        if not self.bytes:
+            return
+        if reads.numel():
+            fwd.reads.append((band, reads, self.pool.translate(reads, band), self.shadow[band][reads].clone()))
+        if writes.numel():
+            fwd.writes.append((band, writes, self.pool.translate(writes, band),
+                               self._new_rows(band, int(writes.numel()))))
+
+    def fire(self) -> None:
+        """Finish the in-flight forward (its writes land now)."""
+        if self.inflight is not None:
+            self.inflight.event.fire()
+
+    def _forward_done(self, fwd: Forward) -> None:
+        """The event fired (from the driver or a settle inside the pool):
+        check the forward's reads were undisturbed, then land its writes at
+        the slots its ids had at launch."""
+        self.counts["fired"] += 1
+        if self.inflight is fwd:
+            self.inflight = None
+        for band, ids, phys, rows in fwd.reads:
+            bad = (self.views[band][phys] != rows).any(1)
+            if bool(bad.any()):
+                self.pending_violations.append(
+                    f"[{band}] read hazard: slots {phys[bad][:8].tolist()} (virtual "
+                    f"{ids[bad][:8].tolist()}) changed while the forward read them")
+        for band, ids, phys, rows in fwd.writes:
+            self.views[band][phys] = rows
+            self.shadow[band][ids] = rows
+
+    # -- random ops (each returns False when it had nothing to do) --
+
+    def shortfall(self) -> None:
+        """An alloc fell short: the engine evicts a random request."""
+        self.counts["shortfall"] += 1
+        if self.reqs:
+            self.free_request(self.rng.choice(list(self.reqs)))
+        elif any(self.orphans.values()):
+            band = self.rng.choice([b for b in self.state_bands if self.orphans[b]])
+            self.free_orphans(band, len(self.orphans[band]))
+
+    def _some(self, most: int) -> list[int]:
+        return self.rng.sample(list(self.reqs), min(len(self.reqs), self.rng.randint(1, most)))
+
+    def _length(self) -> int:
+        return self.rng.randint(1, self.max_new_tokens)
 
     def op_new(self):
-        return self._extend_batch(self.rng.randint(1, 3), [])
+        if self.extend([], [], [self._length() for _ in range(self.rng.randint(1, 3))]) is None:
+            self.shortfall()
 
     def op_extend(self):
         if not self.reqs:
             return False
-        old = self.rng.sample(list(self.reqs), min(len(self.reqs), self.rng.randint(1, 3)))
-        return self._extend_batch(int(self.rng.random() < 0.3), old)
-
-    def _extend_batch(self, new_count: int, old: list[int]):
-        """One alloc_extend over `old` requests (tail-page reuse) and
-        `new_count` new ones (prefix 0)."""
-        states = self._alloc_states(new_count) if self.state_bands else [{}] * new_count
-        if states is None:
-            return True
-        reqs = [self.reqs[r] for r in old]
-        prefix = [len(r.tokens) for r in reqs] + [0] * new_count
-        add = [self.rng.randint(1, self.max_new_tokens) for _ in prefix]
-        seq = [p + a for p, a in zip(prefix, add)]
-        last = [r.tokens[-1] for r in reqs] + [0] * new_count
-        out = self.pool.alloc_extend(prefix, seq, last, sum(add))
-        if out is None:
-            self._free_states(states)
-            self.shortfall(f"alloc_extend {prefix}->{seq}")
-            return True
-        chunks = out.tolist()
-        rids, pos = [], 0
-        for i, a in enumerate(add):
-            chunk = chunks[pos:pos + a]
-            pos += a
-            if i < len(reqs):
-                reqs[i].tokens += chunk
-                rids.append(reqs[i].rid)
-            else:
-                rid = self.next_rid
-                self.next_rid += 1
-                self.reqs[rid] = Request(rid, chunk, states[i - len(reqs)])
-                rids.append(rid)
-        self._write_tokens(out)
-        self.last_batch = ([rid for rid, a in zip(rids, add) for _ in range(a)], chunks)
-        self.log("extend", list(zip(rids, prefix, seq)))
-        return True
+        old = self._some(3)
+        new = [self._length()] if self.rng.random() < 0.3 else []
+        if self.extend(old, [self._length() for _ in old], new) is None:
+            self.shortfall()
 
     def op_new_alloc(self):
-        n = self.ps * self.rng.randint(1, max(1, self.max_new_tokens // self.ps))
-        states = self._alloc_states(1) if self.state_bands else [{}]
-        if states is None:
-            return True
-        out = self.pool.alloc(n)
-        if out is None:
-            self._free_states(states)
-            self.shortfall(f"alloc {n}")
-            return True
-        rid = self.next_rid
-        self.next_rid += 1
-        self.reqs[rid] = Request(rid, out.tolist(), states[0])
-        self._write_tokens(out)
-        self.log("alloc", rid, n)
-        return True
+        if self.admit_alloc(self.ps * self.rng.randint(1, max(1, self.max_new_tokens // self.ps))) is None:
+            self.shortfall()
 
     def op_decode(self):
         if not self.reqs:
             return False
-        k = min(len(self.reqs), self.rng.randint(1, self.max_batch))
-        reqs = [self.reqs[r] for r in self.rng.sample(list(self.reqs), k)]
-        seq = [len(r.tokens) + 1 for r in reqs]
-        out = self.pool.alloc_decode(seq, [r.tokens[-1] for r in reqs])
-        if out is None:
-            self.shortfall(f"alloc_decode bs={k}")
-            return True
-        ids = out.tolist()
-        for r, t in zip(reqs, ids):
-            r.tokens.append(t)
-        self._write_tokens(out)
-        self.last_batch = ([r.rid for r in reqs], ids)
-        self.log("decode", [r.rid for r in reqs])
-        return True
+        if self.decode(self._some(self.max_batch)) is None:
+            self.shortfall()
 
     def op_ratchet(self):
-        """Release, on the window band, whole pages that left the window."""
-        band = self.window_band
-        if band is None:
+        if self.window_band is None:
             self.disabled.add("ratchet")
             return False
-        did = False
-        for r in list(self.reqs.values()):
-            cut = (len(r.tokens) - self.window) // self.ps * self.ps
-            if cut <= r.released or self.rng.random() < 0.3:
-                continue
-            ids = r.tokens[r.released:cut]
-            if self._touches(self._token_pairs(band, ids)):
-                self.fire()
-            if self.rng.random() < 0.8:
-                self.pool.release(self._tensor(ids), band=band, start_pos=r.released)
-            else:
-                self.pool.release(self._tensor(ids), band=band)
-            self.live[band][self._tensor(ids)] = False
-            self.log("release", r.rid, r.released, cut)
-            r.released = cut
-            did = True
-        return did
+        done = [self.ratchet(r, self.rng.random() < 0.8) for r in list(self.reqs) if self.rng.random() < 0.7]
+        return any(done)
 
     def op_free(self):
         if not self.reqs:
             return False
         self.free_request(self.rng.choice(list(self.reqs)))
-        return True
 
     def op_state(self):
         if not self.state_bands:
@@ -411,23 +550,13 @@ class Driver:
         band = self.rng.choice(self.state_bands)
         if self.orphans[band] and self.rng.random() < 0.5:
             self.rng.shuffle(self.orphans[band])
-            self._free_orphans(band, self.rng.randint(1, len(self.orphans[band])))
-            return True
-        k = self.rng.randint(1, 3)
-        ids = self.pool.alloc_state(band, k)
-        if ids is None:
-            self.shortfall(f"alloc_state {band} {k}")
-            return True
-        self.orphans[band] += ids.tolist()
-        self._write(band, ids)
-        self.log("alloc_state", band, ids.tolist())
-        return True
+            self.free_orphans(band, self.rng.randint(1, len(self.orphans[band])))
+        elif self.alloc_orphans(band, self.rng.randint(1, 3)) is None:
+            self.shortfall()
 
     def op_flush(self):
         urgent = self.rng.random() < 0.3
-        moves = self.pool.flush(urgent=urgent)
-        self.log("flush", "urgent" if urgent else "", moves)
-        return True
+        self.log("flush", "urgent" if urgent else "", "->", self.pool.flush(urgent=urgent))
 
     def op_make_room(self):
         side = self.rng.choice(["low", "high"])
@@ -447,111 +576,22 @@ class Driver:
             self.disabled |= {"make_room", "compact"}
             return False
         self.log(*what, "->", got)
-        return True
-
-    def op_clear(self):
-        self.fire()
-        self.pool.clear()
-        for mask in self.live.values():
-            mask.zero_()
-        self.reqs.clear()
-        self.orphans = {n: [] for n in self.state_bands}
-        self.last_batch = None
-        self.log("clear")
-        return True
-
-    def op_avail(self):
-        """alloc(available_size()) must fit without moving a page."""
-        n = self.pool.available_size()
-        if n % self.ps:
-            self.pending_violations.append(f"available_size() {n} is not a multiple of {self.ps}")
-            return True
-        if n == 0 or not self.token_bands:
-            return False
-        moves = self.pool.stats()["moves"]
-        out = self.pool.alloc(n)
-        if out is None:
-            self.pending_violations.append(f"alloc(available_size()={n}) returned None")
-            return True
-        if self.pool.stats()["moves"] != moves:
-            self.pending_violations.append(f"alloc(available_size()={n}) moved pages")
-        rid = self.next_rid
-        self.next_rid += 1
-        self.reqs[rid] = Request(rid, out.tolist())
-        self._write_tokens(out)
-        self.log("avail alloc", rid, n)
-        if self.rng.random() < 0.7:
-            self.free_request(rid)
-        return True
-
-    # -- forwards --
 
     def op_launch(self):
-        """Declare a forward over the last decode / extend batch."""
-        if self.last_batch is None:
+        """A forward over the last batch, or over a few requests rewriting
+        their last token (so its written pages need not sit at a frontier)."""
+        if self.last_batch is not None and self.rng.random() < 0.5:
+            return self.launch() is not None
+        if not self.reqs:
             return False
-        self.fire()
-        rids, ids = self.last_batch
-        self.last_batch = None
-        reqs = [self.reqs[r] for r in dict.fromkeys(rids) if r in self.reqs]
-        # Only ids of requests still live: a freed request's ids may be reused.
-        written = self._tensor([t for r, t in zip(rids, ids) if r in self.reqs])
-        any_live = torch.zeros(written.numel(), dtype=torch.bool)
-        for band in self.token_bands:
-            any_live |= self.live[band][written]
-        written = written[any_live]
-        if not reqs or written.numel() == 0:
-            return False
-        fwd = Forward(self.pool.backend.new_event(f"forward@{self.ops}"),
-                      self.ops + self.rng.randint(1, self.forward_delay), set(), [], [])
-        for band in self.token_bands:
-            toks = self._tensor([t for r in reqs for t in r.tokens])
-            toks = toks[self.live[band][toks]]
-            fwd.touched |= self._token_pairs(band, toks.tolist())
-            self._plan_io(fwd, band, toks, written[self.live[band][written]])
-        states: dict[str, list[int]] = {}
-        for band in self.state_bands:
-            sids = self._tensor([r.states[band] for r in reqs if band in r.states])
-            states[band] = sids.tolist()
-            fwd.touched |= {(band, s) for s in states[band]}
-            self._plan_io(fwd, band, sids, sids)
-        fwd.event.on_fire(lambda: self._forward_done(fwd))
-        self.inflight = fwd
-        self.pool.set_inflight_forward(fwd.event, write_ids=written,
-                                       state_write_ids={b: s for b, s in states.items() if s})
-        self.log("launch", rids, "fires at", fwd.fire_at)
-        return True
+        rids = self._some(3)
+        return self.launch(rids, [self.reqs[r].tokens[-1] for r in rids]) is not None
 
-    def _plan_io(self, fwd: Forward, band: str, reads: torch.Tensor, writes: torch.Tensor) -> None:
-        if not self.bytes:
-            return
-        if reads.numel():
-            fwd.reads.append((band, self.pool.translate(reads, band), self.shadow[band][reads].clone(), reads))
-        if writes.numel():
-            fwd.writes.append((band, writes, self.pool.translate(writes, band),
-                               self._new_rows(band, int(writes.numel()))))
+    def op_clear(self):
+        self.clear()
 
-    def fire(self) -> None:
-        """Finish the in-flight forward (its writes land now)."""
-        if self.inflight is not None:
-            self.inflight.event.fire()
-
-    def _forward_done(self, fwd: Forward) -> None:
-        """The event fired (from the driver or a settle inside the pool):
-        check the forward's reads were undisturbed, then land its writes at
-        the slots its ids had at launch."""
-        self.counts["fired"] += 1
-        if self.inflight is fwd:
-            self.inflight = None
-        for band, phys, rows, ids in fwd.reads:
-            bad = (self.views[band][phys] != rows).any(1)
-            if bool(bad.any()):
-                self.pending_violations.append(
-                    f"[{band}] read hazard: slots {phys[bad][:8].tolist()} (virtual "
-                    f"{ids[bad][:8].tolist()}) changed while the forward read them")
-        for band, ids, phys, rows in fwd.writes:
-            self.views[band][phys] = rows
-            self.shadow[band][ids] = rows
+    def op_avail(self):
+        return self.probe_available(keep=self.rng.random() < 0.3) is not None
 
     # -- checks --
 

@@ -8,7 +8,7 @@ when Triton is installed; torch fallbacks otherwise).
 
 import os
 import random
-import warnings
+import sys
 
 import pytest
 import torch
@@ -39,11 +39,11 @@ class Lockstep:
     """The same operations on a sim pool and a CUDA-backend pool; every
     result and, after each step, every table, frontier and byte must agree."""
 
-    def __init__(self, device: str, compaction: str, seed: int) -> None:
+    def __init__(self, backend: CudaBackend, compaction: str, seed: int) -> None:
         layout = small_layout()
         self.rng = random.Random(seed)
         self.sim = UnifiedPool(layout, SimBackend(materialize=True), compaction=compaction)
-        self.dev = UnifiedPool(layout, CudaBackend(device), compaction=compaction)
+        self.dev = UnifiedPool(layout, backend, compaction=compaction)
         self.sim.buffer.copy_(torch.randint(0, 256, self.sim.buffer.shape, dtype=torch.uint8))
         self.dev.buffer.copy_(self.sim.buffer)
         self.reqs: list[dict] = []  # tokens (host list), state id, swa-released tokens
@@ -156,7 +156,19 @@ class Lockstep:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("compaction", ["lazy", "eager"])
 def test_lockstep_with_sim(device, compaction):
-    Lockstep(device, compaction, seed=7 if compaction == "lazy" else 11).run(steps=120)
+    Lockstep(CudaBackend(device), compaction, seed=7 if compaction == "lazy" else 11).run(steps=120)
+
+
+def test_lockstep_without_triton(monkeypatch):
+    """Without Triton the backend runs torch versions of every kernel."""
+    import unikv.kernels
+
+    for name in ("triton_tables", "triton_move", "triton_paged"):
+        monkeypatch.setitem(sys.modules, f"unikv.kernels.{name}", None)
+        monkeypatch.delattr(unikv.kernels, name, raising=False)
+    backend = CudaBackend("cuda" if torch.cuda.is_available() else "cpu")
+    assert backend.ops.triton is False
+    Lockstep(backend, "lazy", seed=3).run(steps=60)
 
 
 def test_backend_basics_on_cpu():
@@ -271,17 +283,22 @@ def test_backend_kernels_do_not_sync():
     b = CudaBackend()
     v2p, p2v = b.table(100), b.table(100)
     buf = b.make_buffer(100 * 256)
-    b.ids([1]); torch.cuda.synchronize()  # noqa: E702  (warm the pinned pool)
+
+    def ops():
+        v, p = b.ids([3, 4, 5]), b.arange(10, 13)
+        b.bind(v, p, v2p, p2v)
+        b.translate(v * 16, v2p, 16, 2)
+        b.free_unbind(v, v2p, p2v)
+        b.paged_decode(b.ids([17, 18]), b.ids([50, 0]), b.ids([7]), 16)
+        b.move_pages(buf, 256, p, p + 20, disjoint=True)
+        b.free_unbind(b.ids([8, 9]), v2p, p2v)
+        b.alloc_bind(b.ids([8, 9]), 40, v2p, p2v)
+        b.new_event()
+
+    ops()  # compile and warm the pinned-memory pool first
+    torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            v, p = b.ids([3, 4, 5]), b.arange(10, 13)
-            b.bind(v, p, v2p, p2v)
-            b.translate(v * 16, v2p, 16, 2)
-            b.free_unbind(v[:1], v2p, p2v)
-            b.paged_decode(b.ids([17, 18]), b.ids([50, 0]), b.ids([7]), 16)
-            b.move_pages(buf, 256, p, p + 20, disjoint=True)
-            b.alloc_bind(b.ids([8, 9]), 40, v2p, p2v)
+        ops()
     finally:
         torch.cuda.set_sync_debug_mode(0)

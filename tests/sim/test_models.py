@@ -47,9 +47,9 @@ def test_parser_reproduces_models_json(path, state_dtype):
 def test_path_matching_a_bundled_config_gets_its_name_and_params(tmp_path):
     spec = load_model(SHARED / "models/configs/openai--gpt-oss-120b_config.json")
     assert spec.name == "gpt-oss-120b" and spec.params_active == load_model("gpt-oss-120b").params_active
-    copy = shutil.copy(SHARED / "models/configs/openai--gpt-oss-120b_config.json", tmp_path / "x.json")
+    copy = shutil.copy(SHARED / "models/configs/openai--gpt-oss-120b_config.json", tmp_path / "config.json")
     other = load_model(str(copy))
-    assert other.name == "x" and other.params_total is None and other.weight_bytes is None
+    assert other.name == "config" and other.params_total is None and other.weight_bytes is None
     assert other.max_context_tokens == 131072 and other.swa_token_bytes == spec.swa_token_bytes
 
 

@@ -118,6 +118,8 @@ class EndBand(BandAllocator):
             return 0
         self.counters.flushes += 1
         self.counters.urgent_flushes += int(urgent)
+        if not self.pending and self.holes.numel() == 0:
+            return 0  # nothing freed since the last flush: no host read
         self._drain_pending(urgent)
         holes = self._absorb(sorted(self.backend.to_host(self.holes)))
         if not holes:

@@ -1,0 +1,112 @@
+"""sim.cost: the step-time roofline and the hardware coefficients."""
+
+import dataclasses
+
+import pytest
+
+from sim.cost import HardwareSpec, step_cost, step_time_s
+from sim.models import ModelSpec, load_model
+
+H200 = HardwareSpec()
+LLAMA = load_model("llama-3.1-8b")  # 8,030,261,248 params, bf16 weights
+BASE = dict(prefill_tokens=0, decode_tokens=64, kv_bytes_read=10**9, moved_bytes=0)
+
+
+def test_defaults_are_the_documented_h200_figures():
+    assert (H200.peak_flops, H200.hbm_bytes_per_s, H200.move_bytes_per_s) == (989e12, 4.8e12, 4.3e12)
+    assert set(H200.sources) >= {"peak_flops", "hbm_bytes_per_s", "mfu", "mbu",
+                                 "move_bytes_per_s", "step_overhead_s"}
+
+
+def test_decode_step_is_memory_bound_by_hand():
+    compute = 2 * 8_030_261_248 * 64 / (989e12 * 0.5)
+    hbm = (2 * 8_030_261_248 + 10**9) / (4.8e12 * 0.7)
+    cost = step_cost(LLAMA, H200, **BASE)
+    assert cost.compute_s == pytest.approx(compute) and cost.hbm_s == pytest.approx(hbm)
+    assert step_time_s(LLAMA, H200, **BASE) == pytest.approx(2e-3 + hbm)
+
+
+def test_long_prefill_is_compute_bound_and_moves_add():
+    args = dict(BASE, prefill_tokens=8192, decode_tokens=0, moved_bytes=4 * 10**9)
+    compute = 2 * 8_030_261_248 * 8192 / (989e12 * 0.5)
+    move = 2 * 4e9 / 4.3e12
+    assert step_time_s(LLAMA, H200, **args) == pytest.approx(2e-3 + compute + move)
+
+
+def test_a_step_without_tokens_costs_only_its_moves():
+    args = dict(prefill_tokens=0, decode_tokens=0, kv_bytes_read=0, moved_bytes=10**9)
+    assert step_time_s(LLAMA, H200, **args) == pytest.approx(2e9 / 4.3e12)
+    assert step_time_s(LLAMA, H200, **dict(args, moved_bytes=0)) == 0
+
+
+@pytest.mark.parametrize("arg", ["prefill_tokens", "decode_tokens", "kv_bytes_read", "moved_bytes"])
+def test_monotone_in_every_argument(arg):
+    times = [step_time_s(LLAMA, H200, **dict(BASE, **{arg: v}))
+             for v in (0, 10**3, 10**6, 10**9, 10**11)]
+    assert times == sorted(times) and times[-1] > times[0]
+
+
+PREFILL = dict(BASE, prefill_tokens=4096, moved_bytes=10**9)  # compute-bound
+DECODE = dict(BASE, moved_bytes=10**9)  # HBM-bound
+
+
+@pytest.mark.parametrize("field, better", [("peak_flops", 2e15), ("hbm_bytes_per_s", 9e12),
+                                           ("mfu", 0.9), ("mbu", 0.95),
+                                           ("move_bytes_per_s", 9e12), ("step_overhead_s", 0.0)])
+def test_faster_hardware_never_costs_more(field, better):
+    fast = dataclasses.replace(H200, **{field: better})
+    times = {name: (step_time_s(LLAMA, fast, **args), step_time_s(LLAMA, H200, **args))
+             for name, args in (("prefill", PREFILL), ("decode", DECODE))}
+    assert all(f <= s for f, s in times.values())
+    binding = "decode" if field in ("hbm_bytes_per_s", "mbu") else "prefill"
+    assert times[binding][0] < times[binding][1]
+
+
+def test_overrides_and_missing_params():
+    bare = ModelSpec(name="bare", full_layers=1, full_token_bytes=8)
+    with pytest.raises(ValueError, match="params_active"):
+        step_time_s(bare, H200, **BASE)
+    t = step_time_s(bare, H200, **BASE, params_active=10**9, weight_bytes=2 * 10**9)
+    assert t == pytest.approx(2e-3 + 3e9 / (4.8e12 * 0.7))
+    with pytest.raises(ValueError, match="moved_bytes"):
+        step_time_s(LLAMA, H200, **dict(BASE, moved_bytes=-1))
+
+
+@pytest.mark.parametrize("field, value", [("mfu", 0), ("mbu", 1.5), ("peak_flops", -1),
+                                          ("step_overhead_s", -1e-3), ("hbm_bytes_per_s", float("nan"))])
+def test_hardware_spec_validates(field, value):
+    with pytest.raises(ValueError, match=field):
+        HardwareSpec(**{field: value})
+
+
+# -- measured move bandwidth ---------------------------------------------------------
+
+def _csv(path, header, rows):
+    path.write_text("\n".join([",".join(header)] + [",".join(map(str, r)) for r in rows]) + "\n")
+    return path
+
+
+def test_from_results_missing_or_unusable_keeps_the_default(tmp_path):
+    assert HardwareSpec.from_results(tmp_path / "nothing").move_bytes_per_s == 4.3e12
+    _csv(tmp_path / "a.csv", ["impl", "pages", "seconds"], [["triton", 8, 0.1]])
+    assert HardwareSpec.from_results(tmp_path).move_bytes_per_s == 4.3e12
+    _csv(tmp_path / "b.csv", ["impl", "page_bytes", "pages", "bytes_per_s"], [["torch", 1, 1, "x"]])
+    assert HardwareSpec.from_results(tmp_path).move_bytes_per_s == 4.3e12
+
+
+def test_from_results_reads_the_largest_transfer_of_the_best_impl(tmp_path):
+    header = ["op", "impl", "page_bytes", "pages", "bytes_per_s"]
+    _csv(tmp_path / "move_pages.csv", header, [
+        ["move_pages", "triton", 65536, 16, 1.0e12],
+        ["move_pages", "triton", 65536, 4096, 3.0e12],
+        ["move_pages", "triton", 65536, 4096, 3.2e12],
+        ["move_pages", "torch", 65536, 4096, 1.1e12],
+        ["translate", "triton", 65536, 4096, 9.9e12],
+    ])
+    hw = HardwareSpec.from_results(tmp_path)
+    assert hw.move_bytes_per_s == pytest.approx(3.1e12)
+    assert hw.sources["move_bytes_per_s"].startswith("measured:")
+    torch_hw = HardwareSpec.from_results(tmp_path / "move_pages.csv", impl="torch")
+    assert torch_hw.move_bytes_per_s == pytest.approx(1.1e12)
+    pinned = HardwareSpec.from_results(tmp_path, move_bytes_per_s=2e12, mbu=0.8)
+    assert (pinned.move_bytes_per_s, pinned.mbu) == (2e12, 0.8)
