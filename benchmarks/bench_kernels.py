@@ -23,9 +23,12 @@ import torch
 KIB = 1024
 PAGE_BYTES = [4 * KIB, 16 * KIB, 32 * KIB, 64 * KIB, 256 * KIB, 1024 * KIB]
 PAGES = [64, 256, 1024, 4096, 16384]
-VARIANTS = [(8 * KIB, 4), (16 * KIB, 4), (32 * KIB, 4), (32 * KIB, 8), (64 * KIB, 8)]
+VARIANTS = [(8 * KIB, 4, False), (16 * KIB, 4, False), (32 * KIB, 8, False), (16 * KIB, 4, True),
+            (32 * KIB, 8, True)]
+SHAPES = ["disjoint", "sequential", "shift", "shift1"]
 FIELDS = ["ts", "gpu", "torch", "triton", "git_rev", "bench", "shape", "method", "page_bytes", "pages",
-          "bytes_rw", "time_us", "gbps", "frac_of_copy", "x_vs_index", "tile_bytes", "num_warps", "ok"]
+          "bytes_rw", "time_us", "gbps", "frac_of_copy", "x_vs_index", "time_us_graph", "gbps_graph",
+          "frac_of_copy_graph", "tile_bytes", "num_warps", "ok"]
 
 
 def git_rev() -> str:
@@ -51,14 +54,26 @@ def bench(fn, budget_ms: float) -> float:
     return do_bench(fn, warmup=max(5, budget_ms / 4), rep=budget_ms, return_mode="median") * 1e3
 
 
+def bench_graph(fn, budget_ms: float) -> float:
+    """Median microseconds of `fn` replayed from a CUDA graph: device time
+    without the Python launch cost (the L2 is not flushed between replays)."""
+    from triton.testing import do_bench_cudagraph
+
+    return do_bench_cudagraph(fn, rep=budget_ms, return_mode="median") * 1e3
+
+
 def placement(n: int, gen: torch.Generator, shape: str):
-    """(src, dst) page indices: disjoint random pages, or a run shifted down
-    over itself by a quarter of its length."""
+    """(src, dst) page indices: disjoint random pages; disjoint sequential
+    runs (the copy's access pattern); a run shifted down over itself by a
+    quarter of its length (4 disjoint waves) or by one page (staged)."""
     if shape == "disjoint":
         perm = torch.randperm(2 * n, generator=gen)
         return perm[:n], perm[n:]
-    src = torch.arange(n // 4, n // 4 + n)
-    return src, src - n // 4
+    if shape == "sequential":
+        return torch.arange(n), torch.arange(n, 2 * n)
+    d = max(1, n // 4) if shape == "shift" else 1
+    src = torch.arange(d, d + n)
+    return src, src - d
 
 
 def one_config(buf, page_bytes, n, gen, shape, budget_ms, variants, stamp_row):
@@ -71,24 +86,30 @@ def one_config(buf, page_bytes, n, gen, shape, budget_ms, variants, stamp_row):
     copy_src, copy_dst = buf[:nbytes], buf[nbytes:2 * nbytes]
     methods = {"copy": lambda: copy_dst.copy_(copy_src),
                "torch_index": lambda: rows.__setitem__(dst, rows[src])}
-    if shape == "disjoint":
+    disjoint = shape in ("disjoint", "sequential")
+    if disjoint:
         methods["triton"] = lambda: triton_move.move_pages(buf, page_bytes, src, dst, disjoint=True)
         methods["triton_checked"] = lambda: triton_move.move_pages(buf, page_bytes, src, dst)
-        for tile, warps in variants:
-            methods[f"triton_t{tile // KIB}k_w{warps}"] = (
-                lambda t=tile, w=warps: triton_move.move_pages(buf, page_bytes, src, dst, disjoint=True,
-                                                               tile_bytes=t, num_warps=w))
+        for tile, warps, stream in variants:
+            methods[f"triton_t{tile // KIB}k_w{warps}{'_cs' if stream else ''}"] = (
+                lambda t=tile, w=warps, c=stream: triton_move.move_pages(
+                    buf, page_bytes, src, dst, disjoint=True, tile_bytes=t, num_warps=w, streaming=c))
     else:
         methods["triton"] = lambda: triton_move.move_pages(buf, page_bytes, src, dst)
     ok = check(buf, rows, page_bytes, src, dst, shape) if nbytes <= (2 << 30) else ""
     times = {m: bench(fn, budget_ms) for m, fn in methods.items()}
+    graphed = {m: bench_graph(fn, budget_ms) for m, fn in methods.items()
+               if m == "copy" or (m.startswith("triton") and m != "triton_checked" and disjoint)}
     out = []
     for m, t in times.items():
-        tile, warps = (m.split("_t")[1].split("k_w") if "_t" in m and "_w" in m else ("", ""))
+        tile, warps = (m.split("_t")[1].split("_cs")[0].split("k_w") if "_t" in m and "_w" in m else ("", ""))
         out.append({**stamp_row, "bench": "move_pages", "shape": shape, "method": m, "page_bytes": page_bytes,
                     "pages": n, "bytes_rw": 2 * nbytes, "time_us": round(t, 3),
                     "gbps": round(2 * nbytes / t / 1e3, 1), "frac_of_copy": round(times["copy"] / t, 3),
                     "x_vs_index": round(times["torch_index"] / t, 2),
+                    "time_us_graph": round(graphed[m], 3) if m in graphed else "",
+                    "gbps_graph": round(2 * nbytes / graphed[m] / 1e3, 1) if m in graphed else "",
+                    "frac_of_copy_graph": round(graphed["copy"] / graphed[m], 3) if m in graphed else "",
                     "tile_bytes": int(tile) * KIB if tile else "", "num_warps": warps,
                     "ok": ok if m.startswith("triton") else ""})
     return out
@@ -102,7 +123,7 @@ def check(buf, rows, page_bytes, src, dst, shape) -> bool:
     buf[: hi * page_bytes].random_(0, 256)
     want = rows[:hi].clone()
     want[dst] = want[src]
-    triton_move.move_pages(buf, page_bytes, src, dst, disjoint=True if shape == "disjoint" else None)
+    triton_move.move_pages(buf, page_bytes, src, dst, disjoint=True if shape in ("disjoint", "sequential") else None)
     return bool(torch.equal(rows[:hi], want))
 
 
@@ -113,7 +134,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pages", type=int, nargs="*", default=PAGES)
     ap.add_argument("--budget-ms", type=float, default=40.0, help="do_bench rep time per method")
     ap.add_argument("--variants", action="store_true", help="also time tile / warp variants")
-    ap.add_argument("--shift", action="store_true", help="also time overlapping shifts")
+    ap.add_argument("--shapes", nargs="*", default=["disjoint"], choices=SHAPES)
+    ap.add_argument("--shape-pages", type=int, nargs="*", default=None,
+                    help="page counts for shapes other than 'disjoint' (default: --pages)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA device", file=sys.stderr)
@@ -124,10 +147,9 @@ def main(argv=None) -> int:
     buf = torch.empty(need, dtype=torch.uint8, device="cuda")
     buf.random_(0, 256)
     rows = []
-    shapes = ["disjoint", "shift"] if args.shift else ["disjoint"]
-    for shape in shapes:
+    for shape in args.shapes:
         for pb in args.page_bytes:
-            for n in args.pages:
+            for n in (args.pages if shape == "disjoint" or not args.shape_pages else args.shape_pages):
                 variants = VARIANTS if args.variants and n in (1024, 16384) else []
                 got = one_config(buf, pb, n, gen, shape, args.budget_ms, variants, row0)
                 rows += got
@@ -135,6 +157,7 @@ def main(argv=None) -> int:
                 print(f"{shape:8} {pb // KIB:5d} KiB x {n:6d}: triton {by['triton']['gbps']:7.1f} GB/s "
                       f"copy {by['copy']['gbps']:7.1f} index {by['torch_index']['gbps']:7.1f} "
                       f"-> {by['triton']['frac_of_copy']:.2f} of copy, {by['triton']['x_vs_index']:.1f}x index "
+                      f"| graph {by['triton']['gbps_graph'] or '-'} vs {by['copy']['gbps_graph']} "
                       f"ok={by['triton']['ok']}", flush=True)
     write_rows(args.out, rows)
     summarize(rows)
@@ -157,13 +180,17 @@ def summarize(rows: list[dict]) -> None:
     if target:
         worst_copy = min(target, key=lambda r: r["frac_of_copy"])
         worst_index = min(target, key=lambda r: r["x_vs_index"])
+        worst_graph = min(target, key=lambda r: r["frac_of_copy_graph"])
+        print(f"target region, graph-replayed: worst {worst_graph['frac_of_copy_graph']:.2f} of copy "
+              f"({worst_graph['page_bytes'] // KIB} KiB x {worst_graph['pages']})")
         print(f"target region (>=1024 pages of >=32 KiB): worst {worst_copy['frac_of_copy']:.2f} of copy "
               f"({worst_copy['page_bytes'] // KIB} KiB x {worst_copy['pages']}), worst "
               f"{worst_index['x_vs_index']:.1f}x index ({worst_index['page_bytes'] // KIB} KiB x "
               f"{worst_index['pages']})")
     variants = [r for r in rows if r["method"].startswith("triton_t")]
     for r in variants:
-        print(f"variant {r['method']:18} {r['page_bytes'] // KIB:5d} KiB x {r['pages']:6d}: {r['gbps']:7.1f} GB/s")
+        print(f"variant {r['method']:18} {r['page_bytes'] // KIB:5d} KiB x {r['pages']:6d}: {r['gbps']:7.1f} GB/s"
+              f" (graph {r['gbps_graph']})")
 
 
 if __name__ == "__main__":

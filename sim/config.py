@@ -36,7 +36,8 @@ class RunConfig:
 
     Attributes:
         trace: a bundled sample name (see `traces.samples.names()`) or a path.
-        trace_start_s, trace_end_s: time window of the trace (seconds).
+        trace_start_s, trace_end_s: time window of the trace (seconds; the
+            default replays the first 300 s, about a minute on a laptop CPU).
         rate_scale: replay k times faster (>1) or slower (<1).
         max_requests: keep only the first N requests.
         model: a bundled model name or a Hugging Face config.json path.
@@ -54,7 +55,7 @@ class RunConfig:
 
     trace: str = "azure_conv"
     trace_start_s: float = 0.0
-    trace_end_s: Optional[float] = None
+    trace_end_s: Optional[float] = 300.0
     rate_scale: float = 1.0
     max_requests: Optional[int] = None
     model: str = "gemma-3-12b"

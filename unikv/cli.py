@@ -19,12 +19,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["traces"]:
         return _traces(argv[1:])
+    if argv[:1] in (["replay"], ["compare"]):
+        from sim import cli as sim_cli
+
+        return getattr(sim_cli, argv[0])(argv[1:])
     parser = argparse.ArgumentParser(prog="unikv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="drive a 3-band pool and print its occupancy")
     demo.add_argument("--compaction", choices=["lazy", "eager"], default="lazy")
     demo.add_argument("--steps", type=int, default=200, help="decode steps to run")
     demo.add_argument("--seed", type=int, default=0)
+    sub.add_parser("replay", help="replay a trace against one layout (unikv replay -h)")
+    sub.add_parser("compare", help="replay a trace against a grid of layouts (unikv compare -h)")
     sub.add_parser("traces", help="describe / convert request traces (unikv traces -h)")
     args = parser.parse_args(argv)
     if args.command == "demo":

@@ -5,7 +5,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from unikv.kernels import reference, triton_move  # noqa: E402
+from unikv.kernels import reference, triton_move, triton_move_plan  # noqa: E402
 
 PAGE_BYTES = [1, 3, 100, 4096, 12288]
 COUNTS = [0, 1, 7, 300]
@@ -109,22 +109,49 @@ def simulate(plan, pages: dict) -> dict:
 def test_plan_is_exact_and_short(shape, stage_rows, gen):
     n, num_pages = 300, 605
     src, dst = (t.tolist() for t in moves(shape, n, num_pages, gen))
-    plan = triton_move.plan_moves(src, dst, stage_rows)
+    plan = triton_move_plan.plan_moves(src, dst, stage_rows)
     pages = {p: p for p in range(num_pages)}
     want = dict(pages)
     want.update({d: s for s, d in zip(src, dst)})
     assert simulate(plan, pages) == want
-    if stage_rows == 1000:  # one round: stash, stage, unstage, direct, unstash at most
-        assert len(plan) <= 5
+    if stage_rows == 1000:  # one staged round or a few waves
+        assert len(plan) <= max(5, triton_move_plan.MAX_WAVES)
     if shape == "disjoint":
         assert len(plan) == 1
 
 
+@pytest.mark.parametrize("distance", [1, 2, 75, 150])
+def test_shift_plans_waves_or_rounds(distance):
+    """A shift by d of n pages has n/d levels: waves when few, else staged
+    rounds of three launches."""
+    n = 600
+    src = list(range(distance, distance + n))
+    dst = [p - distance for p in src]
+    plan = triton_move_plan.plan_moves(src, dst, max_stage_rows=10_000)
+    levels = -(-n // distance)
+    if levels <= triton_move_plan.MAX_WAVES:
+        assert len(plan) == levels and all(c.src_kind == c.dst_kind == "buffer" for c in plan)
+    else:
+        assert len(plan) == 3
+    pages = {p: p for p in range(n + distance)}
+    want = dict(pages)
+    want.update({d: s for s, d in zip(src, dst)})
+    assert simulate(plan, pages) == want
+
+
+def test_large_pages_prefer_waves():
+    """With MiB pages, staging's extra traffic outweighs extra launches."""
+    src = list(range(16, 16 + 512))
+    dst = [p - 16 for p in src]  # 32 levels
+    assert len(triton_move_plan.plan_moves(src, dst, 10_000, page_bytes=4096)) == 3
+    assert len(triton_move_plan.plan_moves(src, dst, 10_000, page_bytes=4 << 20)) == 32
+
+
 def test_plan_rejects_repeated_destinations():
     with pytest.raises(ValueError, match="dst repeats"):
-        triton_move.plan_moves([1, 2], [3, 3], 10)
+        triton_move_plan.plan_moves([1, 2], [3, 3], 10)
     with pytest.raises(ValueError, match="src repeats"):
-        triton_move.plan_moves([1, 1], [1, 2], 10)
+        triton_move_plan.plan_moves([1, 1], [1, 2], 10)
 
 
 def test_checks(device):

@@ -7,36 +7,37 @@ ordered shift is allowed.
 How: a disjoint batch (no source is also a destination) is one launch that
 grids over (page groups x chunks of a page) and copies with the widest word
 the page size and the buffer's alignment allow (int64 words make 16-byte
-vector loads when rows are 16-byte aligned). An overlapping batch is ordered
-on the host (`plan_moves`): every move whose source another move of the
-same round overwrites is staged through a temp buffer, so a round is at most
-three launches (stage, unstage, direct) whatever the shift distance; rounds
-only split when the staged bytes exceed `stage_bytes`. Deciding needs the
-page lists on the host: one device->host read unless the caller passes
-`disjoint=True`.
+vector loads when rows are 16-byte aligned). An overlapping batch is planned
+on the host (`triton_move_plan`): disjoint waves for long shifts, or rounds
+of at most three launches that stage through a temp buffer for short ones.
+Deciding needs the page lists on the host: one device->host read unless the
+caller passes `disjoint=True`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from unikv.kernels import reference
+from unikv.kernels.triton_move_plan import Copy, plan_moves
 from unikv.kernels.launch import cdiv, check_positive, check_same_device, check_same_length, check_tensor, \
     contiguous, next_pow2, runs_triton
 
 STAGE_BYTES = 256 << 20  # most bytes one staging round holds in its temp buffer
 TILE_BYTES = 16 << 10  # bytes one program copies
 NUM_WARPS = 4
+STREAMING = False  # evict-first loads and streaming stores
 
 
 @triton.jit
 def _copy_rows_kernel(src_ptr, dst_ptr, src_rows_ptr, dst_rows_ptr, n_rows, row_elems, chunks_per_row,
-                      ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                      ROWS: tl.constexpr, BLOCK: tl.constexpr, STREAMING: tl.constexpr):
     # Program -> (group of ROWS rows, chunk of BLOCK words of each row).
     pid = tl.program_id(0)
     group = pid // chunks_per_row
@@ -47,8 +48,14 @@ def _copy_rows_kernel(src_ptr, dst_ptr, src_rows_ptr, dst_rows_ptr, n_rows, row_
     d = tl.load(dst_rows_ptr + r, mask=rmask, other=0)
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
     mask = rmask[:, None] & (cols < row_elems)[None, :]
-    x = tl.load(src_ptr + (s * row_elems)[:, None] + cols[None, :], mask=mask)
-    tl.store(dst_ptr + (d * row_elems)[:, None] + cols[None, :], x, mask=mask)
+    src = src_ptr + (s * row_elems)[:, None] + cols[None, :]
+    dst = dst_ptr + (d * row_elems)[:, None] + cols[None, :]
+    if STREAMING:  # each byte is touched once: keep it out of the caches' way
+        x = tl.load(src, mask=mask, eviction_policy="evict_first")
+        tl.store(dst, x, mask=mask, cache_modifier=".cs")
+    else:
+        x = tl.load(src, mask=mask)
+        tl.store(dst, x, mask=mask)
 
 
 # -- word width and tiling --
@@ -91,7 +98,8 @@ def tiling(row_elems: int, word_bytes: int, tile_bytes: int = TILE_BYTES, num_wa
 
 
 def copy_rows(src_flat: torch.Tensor, src_rows: torch.Tensor, dst_flat: torch.Tensor, dst_rows: torch.Tensor,
-              row_elems: int, tile_bytes: int = TILE_BYTES, num_warps: int = NUM_WARPS) -> None:
+              row_elems: int, tile_bytes: int = TILE_BYTES, num_warps: int = NUM_WARPS,
+              streaming: bool = STREAMING) -> None:
     """One launch: rows `src_rows[i]` of `src_flat` -> rows `dst_rows[i]` of
     `dst_flat` (flat tensors of one word dtype, rows of `row_elems` words).
     Sources must not be written by this launch."""
@@ -100,108 +108,7 @@ def copy_rows(src_flat: torch.Tensor, src_rows: torch.Tensor, dst_flat: torch.Te
         return
     t = tiling(row_elems, src_flat.element_size(), tile_bytes, num_warps)
     _copy_rows_kernel[t.grid(n)](src_flat, dst_flat, src_rows, dst_rows, n, row_elems, t.chunks_per_row,
-                                 ROWS=t.rows, BLOCK=t.block, num_warps=t.num_warps)
-
-
-# -- ordering an overlapping batch --
-
-
-@dataclass(frozen=True)
-class Copy:
-    """One launch of a plan: rows of `src_kind` -> rows of `dst_kind`, where a
-    kind is "buffer", "temp" (this round's staging rows) or "stash" (sources
-    of moves that close a cycle, saved before anything is written)."""
-
-    src_kind: str
-    src_rows: list[int]
-    dst_kind: str
-    dst_rows: list[int]
-
-
-def plan_moves(src: Sequence[int], dst: Sequence[int], max_stage_rows: int) -> list[Copy]:
-    """Launches that copy `src[i] -> dst[i]` as if all sources were read first.
-
-    Move j must wait for move i when `dst[j] == src[i]`; these waits form
-    disjoint chains and cycles. Moves are taken chain by chain from the end
-    that overwrites no source; inside a round, a move whose source a later
-    move of the same round overwrites is staged through temp rows; a cycle's
-    last move reads a source stashed before everything.
-
-    Raises:
-        ValueError: for a repeated destination, or a repeated source when
-            sources and destinations overlap.
-    """
-    n = len(src)
-    if len(set(dst)) != n:
-        raise ValueError("move_pages: dst repeats a page; each destination must be written once")
-    src_pos = {p: i for i, p in enumerate(src)}
-    if not any(p in src_pos for p in dst):
-        return [Copy("buffer", list(src), "buffer", list(dst))]
-    if len(src_pos) != n:
-        raise ValueError("move_pages: src repeats a page while sources and destinations overlap")
-    order, stashed = _chain_order(src, dst, src_pos)
-    plan = []
-    if stashed:
-        plan.append(Copy("buffer", [src[i] for i in stashed], "stash", list(range(len(stashed)))))
-    for chunk, staged in _rounds(order, dst, src_pos, max_stage_rows):
-        direct = [i for i in chunk if i not in staged]
-        if staged:
-            rows = list(range(len(staged)))
-            plan.append(Copy("buffer", [src[i] for i in staged], "temp", rows))
-            plan.append(Copy("temp", rows, "buffer", [dst[i] for i in staged]))
-        if direct:
-            plan.append(Copy("buffer", [src[i] for i in direct], "buffer", [dst[i] for i in direct]))
-    if stashed:
-        plan.append(Copy("stash", list(range(len(stashed))), "buffer", [dst[i] for i in stashed]))
-    return plan
-
-
-def _chain_order(src, dst, src_pos) -> tuple[list[int], list[int]]:
-    """Moves in an order where each waits only for earlier ones, and the
-    cycle-closing moves (left out of the order, their sources stashed)."""
-    n = len(src)
-    writer = {p: j for j, p in enumerate(dst)}  # page -> move that writes it
-    waited = [p in src_pos for p in dst]  # move j overwrites some move's source
-    seen = [False] * n
-    order: list[int] = []
-    stashed: list[int] = []
-
-    def walk(i: int) -> int:
-        last = i
-        while i is not None and not seen[i]:
-            seen[i] = True
-            order.append(i)
-            last = i
-            i = writer.get(src[i])
-        return last
-
-    for i in range(n):
-        if not waited[i]:
-            walk(i)
-    for i in range(n):
-        if not seen[i]:  # on a cycle: run it open, its last move from the stash
-            stashed.append(walk(i))
-            order.pop()
-    return order, stashed
-
-
-def _rounds(order, dst, src_pos, max_stage_rows):
-    """Split `order` into rounds whose staged sources fit `max_stage_rows`;
-    yields (moves, staged moves) per round."""
-    chunk: list[int] = []
-    members: set[int] = set()
-    staged: list[int] = []
-    for j in order:
-        pred = src_pos.get(dst[j])  # the move whose source j overwrites
-        if pred in members and len(staged) >= max_stage_rows:
-            yield chunk, set(staged)
-            chunk, members, staged = [], set(), []
-        if pred in members:
-            staged.append(pred)
-        chunk.append(j)
-        members.add(j)
-    if chunk:
-        yield chunk, set(staged)
+                                 ROWS=t.rows, BLOCK=t.block, STREAMING=streaming, num_warps=t.num_warps)
 
 
 # -- launcher --
@@ -209,7 +116,7 @@ def _rounds(order, dst, src_pos, max_stage_rows):
 
 def move_pages(buffer: torch.Tensor, page_bytes: int, src: torch.Tensor, dst: torch.Tensor, *,
                disjoint: Optional[bool] = None, stage_bytes: int = STAGE_BYTES,
-               tile_bytes: int = TILE_BYTES, num_warps: int = NUM_WARPS) -> None:
+               tile_bytes: int = TILE_BYTES, num_warps: int = NUM_WARPS, streaming: bool = STREAMING) -> None:
     """Copy page rows `src[i] -> dst[i]` on the grid of `page_bytes` pages.
 
     Args:
@@ -241,34 +148,37 @@ def move_pages(buffer: torch.Tensor, page_bytes: int, src: torch.Tensor, dst: to
         return reference.move_pages(buffer, page_bytes, src, dst)
     flat, width = word_view(buffer, page_bytes)
     row_elems = page_bytes // width
-    tune = dict(tile_bytes=tile_bytes, num_warps=num_warps)
+    tune = dict(tile_bytes=tile_bytes, num_warps=num_warps, streaming=streaming)
     if disjoint:
         return copy_rows(flat, contiguous(src), flat, contiguous(dst), row_elems, **tune)
-    hs, hd = torch.stack([src, dst]).tolist()  # the one host read
-    bad = [p for p in hs + hd if not 0 <= p < num_pages]
-    if bad:
-        raise ValueError(f"{op}: pages {bad[:8]} are outside the grid [0, {num_pages})")
-    plan = plan_moves(hs, hd, max(1, stage_bytes // page_bytes))
+    hs, hd = torch.stack([src, dst]).cpu().numpy()  # the one host read
+    off = (hs < 0) | (hs >= num_pages) | (hd < 0) | (hd >= num_pages)
+    if off.any():
+        bad = np.concatenate([hs[off], hd[off]])[:8].tolist()
+        raise ValueError(f"{op}: pages {bad} are outside the grid [0, {num_pages})")
+    plan = plan_moves(hs, hd, max(1, stage_bytes // page_bytes), page_bytes)
     if len(plan) == 1:
         return copy_rows(flat, contiguous(src), flat, contiguous(dst), row_elems, **tune)
     _run_plan(plan, flat, row_elems, tune)
 
 
 def _run_plan(plan: list[Copy], flat: torch.Tensor, row_elems: int, tune: dict) -> None:
+    """Launch a plan's copies in order, with one upload of all their indices."""
     dev = flat.device
-    rows_of = lambda kind: max((len(c.src_rows) for c in plan if kind in (c.src_kind, c.dst_kind)),  # noqa: E731
+    rows_of = lambda kind: max((c.src_rows.size for c in plan if kind in (c.src_kind, c.dst_kind)),  # noqa: E731
                                default=0)
     store = {
         "buffer": flat,
         "temp": torch.empty(rows_of("temp") * row_elems, dtype=flat.dtype, device=dev),
         "stash": torch.empty(rows_of("stash") * row_elems, dtype=flat.dtype, device=dev),
     }
-    # Every index list in one host->device copy.
-    flat_idx = [p for c in plan for p in c.src_rows + c.dst_rows]
-    idx = torch.tensor(flat_idx, dtype=torch.int64, pin_memory=dev.type == "cuda").to(dev, non_blocking=True)
+    host = torch.from_numpy(np.concatenate([a for c in plan for a in (c.src_rows, c.dst_rows)]))
+    if dev.type == "cuda":
+        host = host.pin_memory()
+    idx = host.to(dev, non_blocking=True)
     at = 0
     for c in plan:
-        k = len(c.src_rows)
+        k = c.src_rows.size
         s, d = idx[at:at + k], idx[at + k:at + 2 * k]
         at += 2 * k
         copy_rows(store[c.src_kind], s, store[c.dst_kind], d, row_elems, **tune)

@@ -1,0 +1,227 @@
+"""`unikv replay` and `unikv compare`: thin wrappers over `sim.run`.
+
+Every option is derived from `RunConfig` / `SchedulerConfig`, the one
+source of defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import pandas as pd
+
+from sim.config import COMPACTIONS, LAYOUTS, RunConfig, SchedulerConfig
+from sim.layouts import applicable_kinds
+from sim.models import load_model
+
+_HELP = {
+    "trace": "bundled sample name or trace file path",
+    "model": "bundled model name or a Hugging Face config.json path",
+    "kv_budget_gib": "KV buffer size in GiB",
+    "static_ratio": "static split ratio (swa/full tokens, or mamba/full bytes)",
+    "check_every": "verify pool invariants every N steps (0: never)",
+}
+
+
+def _add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
+    for cls in (RunConfig, SchedulerConfig):
+        for f in dataclasses.fields(cls):
+            if f.name in skip or f.name == "scheduler":
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else None
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(default, bool):
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+                continue
+            kind = type(default) if default is not None else (float if "ratio" in f.name or f.name.endswith("_s") else str)
+            if f.name in ("max_requests", "block_tokens"):
+                kind = int
+            choices = {"layout": LAYOUTS, "compaction": COMPACTIONS, "oversize": ("error", "reject")}.get(f.name)
+            parser.add_argument(flag, type=kind, default=default, choices=choices,
+                                help=_HELP.get(f.name, f"default {default}"))
+
+
+def _config(args: argparse.Namespace, **override) -> RunConfig:
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunConfig)
+              if f.name != "scheduler" and hasattr(args, f.name)}
+    sched = {f.name: getattr(args, f.name) for f in dataclasses.fields(SchedulerConfig)}
+    values.update(override)
+    return RunConfig(**values, scheduler=SchedulerConfig(**sched))
+
+
+class Progress:
+    """A one-line progress bar on stderr."""
+
+    def __init__(self, label: str) -> None:
+        self.label, self.t0, self.last = label, time.perf_counter(), 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if done < total and now - self.last < 0.2:
+            return
+        self.last = now
+        width = 30
+        fill = int(width * done / max(1, total))
+        sys.stderr.write(f"\r{self.label} [{'#' * fill}{'.' * (width - fill)}] "
+                         f"{done}/{total} requests, {now - self.t0:5.1f} s")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+SUMMARY_ROWS = [
+    ("arrived / admitted / finished", lambda s: f"{s['arrived']} / {s['admitted']} / {s['finished']}"),
+    ("admission rate", lambda s: f"{s['admission_rate']:.3f}"),
+    ("retractions / rejected", lambda s: f"{s['retractions']} / {s['rejected']}"),
+    ("mean running requests", lambda s: f"{s['mean_running']:.1f}"),
+    ("throughput (output tok/s)", lambda s: f"{s['throughput_tok_s']:.0f}"),
+    ("TTFT p50 / p90 (s)", lambda s: f"{s['ttft_p50_s']:.3f} / {s['ttft_p90_s']:.3f}"),
+    ("TPOT mean (ms)", lambda s: f"{1e3 * s['tpot_mean_s']:.2f}"),
+    ("prefix hit ratio", lambda s: f"{s['prefix_hit_ratio']:.3f}"),
+    ("mean available tokens", lambda s: f"{s['mean_available_tokens']:.0f}"),
+    ("hole ratio / unusable free ratio", lambda s: f"{s['mean_hole_ratio']:.4f} / {s['mean_unusable_free_ratio']:.4f}"),
+    ("page moves / GiB moved", lambda s: f"{s['moves']} / {s['moved_bytes'] / 2**30:.2f}"),
+    ("compaction time (s) / overhead", lambda s: f"{s['move_time_s']:.4f} / {100 * s['compaction_overhead']:.3f} %"),
+    ("capacity efficiency vs oracle", lambda s: f"{s.get('capacity_efficiency', math.nan):.3f}"),
+    ("simulated time / steps", lambda s: f"{s['sim_time_s']:.1f} s / {s['steps']}"),
+]
+
+
+def print_summary(summary: dict, identity: dict, wall_s: float) -> None:
+    print(f"\n{identity['model']} | layout {identity['layout']} {identity['bands']} | "
+          f"{identity['compaction']} | {identity['kv_budget_bytes'] / 2**30:.1f} GiB | "
+          f"page {identity['page_size']} | {Path(identity['trace']).name}")
+    for label, fmt in SUMMARY_ROWS:
+        try:
+            value = fmt(summary)
+        except (KeyError, TypeError, ValueError):
+            value = "n/a"
+        print(f"  {label:34} {value}")
+    print(f"  {'wall time':34} {wall_s:.1f} s")
+
+
+def replay(argv: Optional[Sequence[str]] = None) -> int:
+    from sim.figures import run_figures
+    from sim.run import run, write_run
+    from sim.summary import capacity_efficiency
+
+    parser = argparse.ArgumentParser(prog="unikv replay", description="replay a trace against one layout")
+    _add_config_options(parser)
+    parser.add_argument("--out", type=Path, default=Path("runs/replay"), help="output folder")
+    parser.add_argument("--format", choices=("parquet", "csv"), default="parquet")
+    parser.add_argument("--no-oracle", action="store_true", help="skip the oracle run (no capacity efficiency)")
+    parser.add_argument("--no-figures", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        config = _config(args)
+        result = run(config, progress=Progress(config.layout))
+        if not args.no_oracle and config.layout != "oracle":
+            oracle = run(config.with_(layout="oracle"), progress=Progress("oracle"))
+            result.summary.update(capacity_efficiency(result.summary, oracle.summary))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = write_run(result, args.out, args.format)
+    print_summary(result.summary, result.identity, result.wall_s)
+    if not args.no_figures:
+        for path in run_figures(out):
+            print(f"  figure: {path}")
+    print(f"  tables and summary: {out}")
+    if result.violations:
+        print(f"  INVARIANT VIOLATIONS: {result.violations[:5]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def grid(config: RunConfig, layouts: Sequence[str], compactions: Sequence[str],
+         static_ratios: Sequence[float]) -> list[tuple[str, RunConfig]]:
+    """(label, config) for every layout x compaction (x static ratio)."""
+    out = []
+    for layout in layouts:
+        if layout == "static":
+            for r in static_ratios or [None]:
+                label = "static" if r is None else f"static@{r:g}"
+                out.append((label, config.with_(layout="static", static_ratio=r, compaction="lazy")))
+        elif layout == "oracle":
+            out.append(("oracle", config.with_(layout="oracle", compaction="lazy")))
+        else:
+            out.extend((f"{layout}/{c}", config.with_(layout=layout, compaction=c)) for c in compactions)
+    return out
+
+
+def compare(argv: Optional[Sequence[str]] = None) -> int:
+    from sim.figures import comparison
+    from sim.run import run, write_run
+    from sim.summary import capacity_efficiency
+
+    parser = argparse.ArgumentParser(prog="unikv compare",
+                                     description="replay one trace against a grid of layouts x compaction modes")
+    _add_config_options(parser, skip=("layout", "compaction"))
+    parser.add_argument("--layouts", nargs="+", default=None, help=f"default: those applicable of {LAYOUTS}")
+    parser.add_argument("--compactions", nargs="+", default=list(COMPACTIONS), choices=COMPACTIONS)
+    parser.add_argument("--static-ratios", nargs="*", type=float, default=[],
+                        help="extra static split ratios to sweep (the default ratio always runs)")
+    parser.add_argument("--out", type=Path, default=Path("runs/compare"))
+    parser.add_argument("--format", choices=("parquet", "csv"), default="parquet")
+    args = parser.parse_args(argv)
+    try:
+        base = _config(args, layout="oracle")
+        layouts = args.layouts or list(applicable_kinds(load_model(base.model)))
+        bad = [x for x in layouts if x not in LAYOUTS]
+        if bad:
+            raise ValueError(f"unknown layouts {bad}; valid layouts are {list(LAYOUTS)}")
+        if "oracle" not in layouts:
+            layouts.append("oracle")
+        ratios = [None] + list(args.static_ratios)
+        results = {}
+        for label, cfg in grid(base, layouts, args.compactions, ratios):
+            results[label] = run(cfg, progress=Progress(label))
+            write_run(results[label], args.out / label.replace("/", "_").replace("@", "_"), args.format)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    table = comparison_table(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out / "comparison.csv", index=False)
+    (args.out / "comparison.md").write_text(table.to_markdown(index=False, floatfmt=".4g")
+                                            if _has_tabulate() else table.to_string(index=False))
+    comparison(table, args.out / "comparison.png", f"{base.model} | {Path(str(base.trace)).name}")
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(table.to_string(index=False))
+    print(f"\nwritten: {args.out / 'comparison.csv'}, comparison.md, comparison.png")
+    return 1 if any(r.violations for r in results.values()) else 0
+
+
+COMPARE_COLUMNS = ["label", "layout", "compaction", "capacity_efficiency", "throughput_efficiency",
+                   "mean_running", "throughput_tok_s", "admission_rate", "ttft_p50_s", "ttft_p90_s",
+                   "tpot_mean_s", "retractions", "rejected", "mean_available_tokens",
+                   "mean_hole_ratio", "mean_unusable_free_ratio", "moves", "moved_bytes",
+                   "compaction_overhead", "wall_s"]
+
+
+def comparison_table(results: dict) -> pd.DataFrame:
+    from sim.summary import capacity_efficiency
+
+    oracle = results.get("oracle")
+    rows = []
+    for label, res in results.items():
+        s = dict(res.summary)
+        if oracle is not None:
+            s.update(capacity_efficiency(s, oracle.summary))
+        rows.append({"label": label, "layout": res.config.layout, "compaction": res.config.compaction,
+                     "wall_s": res.wall_s, **{k: s.get(k) for k in COMPARE_COLUMNS if k in s}})
+    return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
+
+
+def _has_tabulate() -> bool:
+    try:
+        import tabulate  # noqa: F401
+    except ImportError:
+        return False
+    return True
