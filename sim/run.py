@@ -81,9 +81,10 @@ def _requests(df: pd.DataFrame) -> list[Request]:
     return out
 
 
-def max_request_tokens(plan, model, config: RunConfig) -> int:
-    """The longest request (prompt + output tokens) an empty pool of this
-    layout can hold, prefilled in chunks with the window ratchet between."""
+def max_request_tokens(plan, model, config: RunConfig, cap: int) -> int:
+    """The longest request (prompt + output tokens, at most `cap`) an empty
+    pool of this layout can hold, prefilled in chunks with the window ratchet
+    between."""
     budget = config.scheduler.prefill_tokens_per_step
     window = model.window_tokens if model.swa_layers else None
 
@@ -99,7 +100,7 @@ def max_request_tokens(plan, model, config: RunConfig) -> int:
             mem.ratchet([req])
         return True
 
-    lo, hi = 0, max(1, int(config.kv_budget_gib * GIB) // max(1, model.full_token_bytes or model.token_bytes))
+    lo, hi = 0, cap
     if fits(hi):
         return hi
     while lo < hi:
@@ -165,8 +166,8 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     plan = build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
                         kind=config.layout, static_ratio=config.static_ratio)
     reqs = _requests(df)
-    limit = max_request_tokens(plan, model, config)
     longest = max(r.prompt_tokens + r.output_tokens for r in reqs)
+    limit = max_request_tokens(plan, model, config, cap=longest)
     if config.oversize == "error" and longest > limit:
         too_long = sum(r.prompt_tokens + r.output_tokens > limit for r in reqs)
         raise ValueError(
