@@ -127,6 +127,46 @@ def check(buf, rows, page_bytes, src, dst, shape) -> bool:
     return bool(torch.equal(rows[:hi], want))
 
 
+def launch_overhead(buf, stamp_row, calls: int = 2000) -> list[dict]:
+    """Host microseconds per call of each method on a tiny move (4 KiB x 64),
+    back to back, one synchronize at the end; the GPU work is ~1 us, so this
+    is the launch path. `triton_raw` calls the jitted kernel directly."""
+    import time
+
+    from unikv.kernels import triton_move
+
+    gen = torch.Generator().manual_seed(1)
+    page_bytes, n = 4 * KIB, 64
+    src, dst = (t.cuda() for t in placement(n, gen, "disjoint"))
+    rows = buf[: (buf.numel() // page_bytes) * page_bytes].view(-1, page_bytes)
+    flat, width = triton_move.word_view(buf, page_bytes)
+    t = triton_move.tiling(page_bytes // width, width)
+    grid = t.grid(n)
+    methods = {
+        "copy": lambda: buf[n * page_bytes:2 * n * page_bytes].copy_(buf[:n * page_bytes]),
+        "torch_index": lambda: rows.__setitem__(dst, rows[src]),
+        "triton": lambda: triton_move.move_pages(buf, page_bytes, src, dst, disjoint=True),
+        "triton_raw": lambda: triton_move._copy_rows_kernel[grid](
+            flat, flat, src, dst, n, page_bytes // width, t.chunks_per_row, ROWS=t.rows, BLOCK=t.block,
+            STREAMING=False, num_warps=t.num_warps),
+        "triton_checked": lambda: triton_move.move_pages(buf, page_bytes, src, dst),
+    }
+    out = []
+    for m, fn in methods.items():
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        us = (time.perf_counter() - t0) / calls * 1e6
+        print(f"launch path {m:15} {us:8.2f} us/call", flush=True)
+        out.append({**stamp_row, "bench": "launch_overhead", "shape": "disjoint", "method": m,
+                    "page_bytes": page_bytes, "pages": n, "bytes_rw": 2 * n * page_bytes, "time_us": round(us, 3)})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/kernels/move_pages.csv")
@@ -134,6 +174,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pages", type=int, nargs="*", default=PAGES)
     ap.add_argument("--budget-ms", type=float, default=40.0, help="do_bench rep time per method")
     ap.add_argument("--variants", action="store_true", help="also time tile / warp variants")
+    ap.add_argument("--launch", action="store_true", help="also time the host launch path of a tiny move")
     ap.add_argument("--shapes", nargs="*", default=["disjoint"], choices=SHAPES)
     ap.add_argument("--shape-pages", type=int, nargs="*", default=None,
                     help="page counts for shapes other than 'disjoint' (default: --pages)")
@@ -146,7 +187,7 @@ def main(argv=None) -> int:
     need = 2 * max(args.pages) * max(args.page_bytes) + max(args.page_bytes)
     buf = torch.empty(need, dtype=torch.uint8, device="cuda")
     buf.random_(0, 256)
-    rows = []
+    rows = launch_overhead(buf, row0) if args.launch else []
     for shape in args.shapes:
         for pb in args.page_bytes:
             for n in (args.pages if shape == "disjoint" or not args.shape_pages else args.shape_pages):

@@ -43,9 +43,9 @@ DEFAULT_WEIGHTS = {
     "flush": 6.0,
     "make_room": 2.0,
     "compact": 2.0,
-    "launch": 8.0,  # declare a forward over the last decode / extend batch
+    "launch": 8.0,  # declare a forward (it fires a few ops later)
     "clear": 0.05,
-    "avail": 2.0,  # alloc exactly available_size(): must fit with no move
+    "avail": 2.0,  # alloc exactly available_size() / available_state(): must fit, no move
 }
 
 
@@ -135,6 +135,14 @@ class Forward:
 
 class Driver:
     """Random operations against `pool`, with a model to check it against.
+
+    Engine actions (`extend`, `admit_alloc`, `decode`, `ratchet`,
+    `free_request`, `alloc_orphans`, `free_orphans`, `launch`, `fire`,
+    `clear`, `probe_available`, `probe_state`) take explicit arguments and
+    keep the model in step, so a property-based state machine can call them
+    as rules; `step()` picks one random `op_*` by `weights` and draws its
+    arguments from `rng`. An alloc that falls short returns None from the
+    action; the random ops then evict a random request (`shortfall`).
 
     Args:
         pool: a `UnifiedPool` or a baseline answering the same surface.
@@ -323,19 +331,24 @@ class Driver:
         self.log("decode", rids)
         return True
 
-    def ratchet(self, rid: int, start_pos: bool = True) -> bool:
+    def ratchet(self, rid: int, start_pos: bool = True, offset: int = 0) -> bool:
         """Release on the window band the whole pages of `rid` that left the
-        window; `start_pos` passes the run's position. False: nothing to do."""
+        window. The ids passed start `offset` tokens into the first such page
+        (any id of a page releases all of it); `start_pos` passes the run's
+        position, else the ids go in shuffled. False: nothing to release."""
         r, band = self.reqs[rid], self.window_band
         cut = (len(r.tokens) - self.window) // self.ps * self.ps
         if band is None or cut <= r.released:
             return False
         ids = r.tokens[r.released:cut]
         self._settle_if_touched(self._pairs(band, ids))
-        t = self._tensor(ids)
-        self.pool.release(t, band=band, start_pos=r.released if start_pos else None)
-        self.live[band][t] = False
-        self.log("release", rid, r.released, cut, "start_pos" if start_pos else "")
+        run = ids[min(offset, self.ps - 1):]
+        if start_pos:
+            self.pool.release(self._tensor(run), band=band, start_pos=r.released + min(offset, self.ps - 1))
+        else:
+            self.pool.release(self._tensor(self.rng.sample(run, len(run))), band=band)
+        self.live[band][self._tensor(ids)] = False
+        self.log("release", rid, r.released, cut, f"offset {offset}", "start_pos" if start_pos else "")
         r.released = cut
         return True
 
@@ -388,8 +401,16 @@ class Driver:
         return ids.tolist()
 
     def free_orphans(self, band: str, k: int) -> None:
-        ids, self.orphans[band] = self.orphans[band][:k], self.orphans[band][k:]
-        self.free_states([{band: s} for s in ids])
+        """Free the first `k` unowned slots of `band` in one call."""
+        self.free_orphans_ids(band, self.orphans[band][:k])
+
+    def free_orphans_ids(self, band: str, ids: list[int]) -> None:
+        self._settle_if_touched({(band, s) for s in ids})
+        gone = set(ids)
+        self.orphans[band] = [s for s in self.orphans[band] if s not in gone]
+        if ids:
+            self.pool.free_state(band, ids)
+            self.live[band][self._tensor(ids)] = False
         self.log("free_state", band, ids)
 
     def free_all(self) -> None:
@@ -432,6 +453,26 @@ class Driver:
         if not keep:
             self.free_request(rid)
         return rid
+
+    def probe_state(self, band: str, keep: bool = False) -> Optional[list[int]]:
+        """Alloc exactly `available_state(band)` slots: it must fit and move
+        no page. Frees them again unless `keep`."""
+        n = self.pool.available_state(band)
+        if n == 0:
+            return None
+        moves = self.pool.stats()["moves"]
+        ids = self.pool.alloc_state(band, n)
+        if ids is None:
+            self.pending_violations.append(f"alloc_state({band!r}, available_state()={n}) returned None")
+            return None
+        if self.pool.stats()["moves"] != moves:
+            self.pending_violations.append(f"alloc_state({band!r}, available_state()={n}) moved pages")
+        self.orphans[band] += ids.tolist()
+        self._write(band, ids)
+        self.log("probe alloc_state", band, n)
+        if not keep:
+            self.free_orphans_ids(band, ids.tolist())
+        return ids.tolist()
 
     # -- forwards --
 
@@ -549,7 +590,8 @@ class Driver:
         if self.window_band is None:
             self.disabled.add("ratchet")
             return False
-        done = [self.ratchet(r, self.rng.random() < 0.8) for r in list(self.reqs) if self.rng.random() < 0.7]
+        done = [self.ratchet(r, self.rng.random() < 0.8, self.rng.randrange(self.ps) if self.rng.random() < 0.3 else 0)
+                for r in list(self.reqs) if self.rng.random() < 0.7]
         return any(done)
 
     def op_free(self):
@@ -605,6 +647,8 @@ class Driver:
         self.clear()
 
     def op_avail(self):
+        if self.state_bands and self.rng.random() < 0.3:
+            return self.probe_state(self.rng.choice(self.state_bands), self.rng.random() < 0.3) is not None
         return self.probe_available(keep=self.rng.random() < 0.3) is not None
 
     # -- checks --

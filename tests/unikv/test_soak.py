@@ -52,7 +52,8 @@ def soak(pool, seed: int, ops: int = OPS) -> Driver:
     return driver
 
 
-def assert_drains_to_fresh(driver: Driver, chain: str, page_size: int, mode: str) -> None:
+def assert_drains_to_fresh(driver: Driver, chain: str, page_size: int, mode: str,
+                           occupancy: bool = True) -> None:
     """Invariant 7: freeing everything returns the pool to its cleared state."""
     pool = driver.pool
     driver.free_all()
@@ -62,7 +63,8 @@ def assert_drains_to_fresh(driver: Driver, chain: str, page_size: int, mode: str
     assert pool.available_size() == fresh.available_size()
     for band in driver.state_bands:
         assert pool.available_state(band) == fresh.available_state(band)
-    assert pool.occupancy() == fresh.occupancy()
+    if occupancy:
+        assert pool.occupancy() == fresh.occupancy()
 
 
 @pytest.mark.parametrize("mode", ["eager", "lazy"])
@@ -91,4 +93,13 @@ def test_soak_static_partition(chain, page_size):
     driver = soak(pool, seed=page_size)
     assert driver.counts["shortfall"] > 20
     assert pool.stats()["moves"] == 0  # a static split never moves a page
-    assert_drains_to_fresh(driver, chain, page_size, "static")
+    assert_drains_to_fresh(driver, chain, page_size, "static", occupancy=False)
+
+
+@pytest.mark.xfail(strict=True, reason="core: an empty RegionBand keeps its fill watermark and "
+                   "reports every page it ever handed out as a hole (see the soak report)")
+def test_static_partition_empty_has_no_holes():
+    pool = make_pool("full|swa", 1, "static")
+    pool.free(pool.alloc(10))
+    pool.flush(urgent=True)
+    assert pool.occupancy() == make_pool("full|swa", 1, "static").occupancy()

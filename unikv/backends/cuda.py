@@ -23,7 +23,8 @@ def _kernel_ops() -> SimpleNamespace:
     try:
         from unikv.kernels import triton_move, triton_paged, triton_tables
     except ImportError:
-        from unikv.kernels import reference, triton_reference_extra as extra
+        from unikv.kernels import reference
+        from unikv.kernels import triton_reference_extra as extra
 
         def move(buffer, page_bytes, src, dst, disjoint=None):
             reference.move_pages(buffer, page_bytes, src, dst)

@@ -48,6 +48,25 @@ def next_pow2(n: int) -> int:
 # -- argument checks (metadata only: none reads device memory) --
 
 
+def fast_ok(*tensors) -> bool:
+    """The common case, cheaply: contiguous 1-D int64 tensors on one device.
+
+    Launchers call it first and run the detailed checks (which name the
+    offending argument) only when it fails, to keep the per-launch host
+    cost low on the decode path.
+    """
+    device = None
+    for t in tensors:
+        if type(t) is not torch.Tensor or t.dtype is not torch.int64 or t.dim() != 1 or not t.is_contiguous():
+            return False
+        d = t.get_device()
+        if device is None:
+            device = d
+        elif d != device:
+            return False
+    return True
+
+
 def check_tensor(t, name: str, op: str, dtype: torch.dtype = torch.int64, dim: Optional[int] = 1) -> None:
     """ValueError naming `op` and `name` unless `t` is a tensor of `dtype`
     (and `dim` dimensions when given)."""

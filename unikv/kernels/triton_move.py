@@ -16,6 +16,7 @@ caller passes `disjoint=True`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -25,9 +26,18 @@ import triton
 import triton.language as tl
 
 from unikv.kernels import reference
+from unikv.kernels.launch import (
+    cdiv,
+    check_positive,
+    check_same_device,
+    check_same_length,
+    check_tensor,
+    contiguous,
+    fast_ok,
+    interpreted,
+    next_pow2,
+)
 from unikv.kernels.triton_move_plan import Copy, plan_moves
-from unikv.kernels.launch import cdiv, check_positive, check_same_device, check_same_length, check_tensor, \
-    contiguous, next_pow2, runs_triton
 
 STAGE_BYTES = 256 << 20  # most bytes one staging round holds in its temp buffer
 TILE_BYTES = 16 << 10  # bytes one program copies
@@ -58,6 +68,8 @@ def _copy_rows_kernel(src_ptr, dst_ptr, src_rows_ptr, dst_rows_ptr, n_rows, row_
         tl.store(dst, x, mask=mask)
 
 
+_INTERPRETED = interpreted(_copy_rows_kernel)  # kernels run on CPU tensors too
+
 # -- word width and tiling --
 
 _WORDS = ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2), (torch.uint8, 1))
@@ -66,10 +78,10 @@ _WORDS = ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2), (torch.uint8, 1)
 def word_view(buffer: torch.Tensor, page_bytes: int) -> tuple[torch.Tensor, int]:
     """The page grid of `buffer` as a flat tensor of the widest word that
     divides `page_bytes` and the buffer's address; returns (view, word bytes)."""
-    num_pages = buffer.numel() // page_bytes
-    grid = buffer[: num_pages * page_bytes]
+    ptr, size = buffer.data_ptr(), buffer.numel()
     for dtype, width in _WORDS:
-        if page_bytes % width == 0 and buffer.data_ptr() % width == 0:
+        if page_bytes % width == 0 and ptr % width == 0:
+            grid = buffer if size % width == 0 else buffer[: size // page_bytes * page_bytes]
             return grid.view(dtype), width
     raise AssertionError("unreachable: uint8 always fits")
 
@@ -87,6 +99,7 @@ class Tiling:
         return (cdiv(n_rows, self.rows) * self.chunks_per_row,)
 
 
+@functools.lru_cache(maxsize=256)
 def tiling(row_elems: int, word_bytes: int, tile_bytes: int = TILE_BYTES, num_warps: int = NUM_WARPS) -> Tiling:
     """Whole rows per program for small pages; chunks of one row for large."""
     tile_words = max(1, tile_bytes // word_bytes)
@@ -132,7 +145,36 @@ def move_pages(buffer: torch.Tensor, page_bytes: int, src: torch.Tensor, dst: to
         ValueError: for bad dtypes, shapes or devices, a page off the grid or
             a repeated destination (the last two only when checked).
     """
+    n = _check_move(buffer, page_bytes, src, dst)
+    if n == 0:
+        return
+    src, dst = contiguous(src), contiguous(dst)  # the kernel reads them raw
+    if not (buffer.is_cuda or _INTERPRETED):
+        return reference.move_pages(buffer, page_bytes, src, dst)
+    flat, width = word_view(buffer, page_bytes)
+    row_elems = page_bytes // width
+    tune = dict(tile_bytes=tile_bytes, num_warps=num_warps, streaming=streaming)
+    if disjoint:
+        return copy_rows(flat, src, flat, dst, row_elems, **tune)
+    num_pages = buffer.numel() // page_bytes
+    hs, hd = torch.stack([src, dst]).cpu().numpy()  # the one host read
+    off = (hs < 0) | (hs >= num_pages) | (hd < 0) | (hd >= num_pages)
+    if off.any():
+        bad = np.concatenate([hs[off], hd[off]])[:8].tolist()
+        raise ValueError(f"move_pages: pages {bad} are outside the grid [0, {num_pages})")
+    plan = plan_moves(hs, hd, max(1, stage_bytes // page_bytes), page_bytes)
+    if len(plan) == 1:
+        return copy_rows(flat, src, flat, dst, row_elems, **tune)
+    _run_plan(plan, flat, row_elems, tune)
+
+
+def _check_move(buffer, page_bytes, src, dst) -> int:
+    """The batch length; ValueError naming the argument on bad input."""
     op = "move_pages"
+    if (fast_ok(src, dst) and type(buffer) is torch.Tensor and buffer.dtype is torch.uint8
+            and buffer.dim() == 1 and buffer.is_contiguous() and buffer.get_device() == src.get_device()
+            and type(page_bytes) is int and page_bytes > 0 and src.shape == dst.shape):
+        return src.shape[0]
     check_tensor(buffer, "buffer", op, dtype=torch.uint8)
     if not buffer.is_contiguous():
         raise ValueError(f"{op}: buffer must be contiguous")
@@ -140,26 +182,7 @@ def move_pages(buffer: torch.Tensor, page_bytes: int, src: torch.Tensor, dst: to
     check_tensor(src, "src", op)
     check_tensor(dst, "dst", op)
     check_same_device(op, buffer=buffer, src=src, dst=dst)
-    n = check_same_length(op, src=src, dst=dst)
-    num_pages = buffer.numel() // page_bytes
-    if n == 0:
-        return
-    if not runs_triton(_copy_rows_kernel, buffer):
-        return reference.move_pages(buffer, page_bytes, src, dst)
-    flat, width = word_view(buffer, page_bytes)
-    row_elems = page_bytes // width
-    tune = dict(tile_bytes=tile_bytes, num_warps=num_warps, streaming=streaming)
-    if disjoint:
-        return copy_rows(flat, contiguous(src), flat, contiguous(dst), row_elems, **tune)
-    hs, hd = torch.stack([src, dst]).cpu().numpy()  # the one host read
-    off = (hs < 0) | (hs >= num_pages) | (hd < 0) | (hd >= num_pages)
-    if off.any():
-        bad = np.concatenate([hs[off], hd[off]])[:8].tolist()
-        raise ValueError(f"{op}: pages {bad} are outside the grid [0, {num_pages})")
-    plan = plan_moves(hs, hd, max(1, stage_bytes // page_bytes), page_bytes)
-    if len(plan) == 1:
-        return copy_rows(flat, contiguous(src), flat, contiguous(dst), row_elems, **tune)
-    _run_plan(plan, flat, row_elems, tune)
+    return check_same_length(op, src=src, dst=dst)
 
 
 def _run_plan(plan: list[Copy], flat: torch.Tensor, row_elems: int, tune: dict) -> None:

@@ -21,8 +21,17 @@ import triton
 import triton.language as tl
 
 from unikv.kernels import triton_reference_extra
-from unikv.kernels.launch import cdiv, check_positive, check_same_device, check_same_length, check_tensor, \
-    contiguous, next_pow2, runs_triton
+from unikv.kernels.launch import (
+    cdiv,
+    check_positive,
+    check_same_device,
+    check_same_length,
+    check_tensor,
+    contiguous,
+    fast_ok,
+    next_pow2,
+    runs_triton,
+)
 
 SCAN_BLOCK = 1024  # requests per step of the one-program scans
 TOKEN_BLOCK = 256  # output tokens per program of paged_extend
@@ -94,11 +103,15 @@ def _paged_extend_kernel(prefix_ptr, last_ptr, pages_ptr, ends_ptr, base_ptr, ou
 
 
 def _check(op: str, page_size: int, **tensors: torch.Tensor) -> int:
+    batch = {k: v for k, v in tensors.items() if k != "new_pages"}
+    if fast_ok(*tensors.values()) and type(page_size) is int and page_size > 0:
+        n = {int(t.numel()) for t in batch.values()}
+        if len(n) == 1:
+            return n.pop()
     for name, t in tensors.items():
         check_tensor(t, name, op)
     check_same_device(op, **tensors)
     check_positive(page_size, "page_size", op)
-    batch = {k: v for k, v in tensors.items() if k != "new_pages"}
     return check_same_length(op, **batch)
 
 

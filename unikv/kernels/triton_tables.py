@@ -22,6 +22,7 @@ from unikv.kernels.launch import (
     check_table,
     check_tensor,
     contiguous,
+    fast_ok,
     runs_triton,
 )
 
@@ -95,6 +96,8 @@ def _translate_kernel(t_ptr, v2p_ptr, out_ptr, n, v2p_size, page_size, scale, BL
 
 
 def _tables(op: str, v2p: torch.Tensor, p2v: torch.Tensor, **ids: torch.Tensor) -> None:
+    if fast_ok(v2p, p2v, *ids.values()):
+        return
     check_table(v2p, "v2p", op)
     check_table(p2v, "p2v", op)
     for name, t in ids.items():
@@ -204,9 +207,10 @@ def translate(v_tokens: torch.Tensor, v2p: torch.Tensor, page_size: int, multipl
             non-contiguous table, or a non-positive page_size / multiplier.
     """
     op = "translate"
-    check_tensor(v_tokens, "v_tokens", op)
-    check_table(v2p, "v2p", op)
-    check_same_device(op, v_tokens=v_tokens, v2p=v2p)
+    if not fast_ok(v_tokens, v2p):
+        check_tensor(v_tokens, "v_tokens", op)
+        check_table(v2p, "v2p", op)
+        check_same_device(op, v_tokens=v_tokens, v2p=v2p)
     check_positive(page_size, "page_size", op)
     check_positive(multiplier, "multiplier", op)
     n = int(v_tokens.numel())
