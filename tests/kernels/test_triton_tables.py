@@ -5,7 +5,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from unikv.kernels import reference, triton_reference_extra, triton_tables  # noqa: E402
+from unikv.kernels import reference, triton_tables  # noqa: E402
 
 COUNTS = [0, 1, 7, 300]
 
@@ -50,7 +50,7 @@ def test_alloc_bind(n, start_on_device, gen, device):
     v = free_pages(v2p, n, gen)
     start = 317
     ref = (v2p.clone(), p2v.clone())
-    want = triton_reference_extra.alloc_bind(v, start, *ref)
+    want = reference.alloc_bind(v, start, *ref)
     arg = torch.tensor([start], device=device) if start_on_device else start
     got = triton_tables.alloc_bind(v, arg, v2p, p2v)
     assert torch.equal(got.cpu(), want.cpu())

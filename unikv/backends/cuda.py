@@ -2,7 +2,7 @@
 
 Triton is imported when the backend is built, never by `import
 unikv.backends`. Without Triton the backend still runs, on torch versions of
-every kernel (`reference.py` / `triton_reference_extra.py`). On a CPU device
+every kernel (`reference.py` / `reference.py`). On a CPU device
 (`CudaBackend(device="cpu")`) the Triton launchers run their kernels through
 Triton's interpreter when the process imported Triton with
 `TRITON_INTERPRET=1`, else the torch references; events are then always done.
@@ -24,7 +24,7 @@ def _kernel_ops() -> SimpleNamespace:
         from unikv.kernels import triton_move, triton_paged, triton_tables
     except ImportError:
         from unikv.kernels import reference
-        from unikv.kernels import triton_reference_extra as extra
+        from unikv.kernels import reference as extra
 
         def move(buffer, page_bytes, src, dst, disjoint=None):
             reference.move_pages(buffer, page_bytes, src, dst)

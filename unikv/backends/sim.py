@@ -94,6 +94,7 @@ class SimBackend:
         event.synchronize()
 
     bind = staticmethod(reference.bind)
+    alloc_bind = staticmethod(reference.alloc_bind)
     free_unbind = staticmethod(reference.free_unbind)
     remap_moved = staticmethod(reference.remap_moved)
     translate = staticmethod(reference.translate)

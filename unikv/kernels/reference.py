@@ -15,6 +15,19 @@ def bind(v_pages: torch.Tensor, p_pages: torch.Tensor, v2p: torch.Tensor, p2v: t
     p2v[p_pages] = v_pages
 
 
+def alloc_bind(v_pages: torch.Tensor, start, v2p: torch.Tensor, p2v: torch.Tensor) -> torch.Tensor:
+    """Bind `v_pages[i] <-> start + i` in both tables; return the physical
+    pages `[start, start + len(v_pages))` (int64, on the tables' device).
+
+    `start` is a host int or a one-element int64 device tensor (so a start
+    computed on the device needs no host read).
+    """
+    offsets = torch.arange(int(v_pages.numel()), dtype=torch.int64, device=v2p.device)
+    p_pages = offsets + (start.reshape(()) if isinstance(start, torch.Tensor) else int(start))
+    bind(v_pages, p_pages, v2p, p2v)
+    return p_pages
+
+
 def free_unbind(v_pages: torch.Tensor, v2p: torch.Tensor, p2v: torch.Tensor) -> torch.Tensor:
     """Tombstone `v_pages` in both tables; return the physical pages they held.
 
@@ -79,25 +92,31 @@ def paged_extend(
     last_loc: torch.Tensor,
     new_pages: torch.Tensor,
     page_size: int,
+    total_tokens: int | None = None,
 ) -> torch.Tensor:
     """Virtual token ids for positions `[prefix, seq)` of every request.
 
     Tail-page reuse: positions inside the prefix's last, partly filled page
     follow `last_loc` on that page; later positions take the fresh virtual
-    pages `new_pages`, consumed request by request in batch order.
+    pages `new_pages`, consumed request by request in batch order. Every
+    temporary lives on the inputs' device.
 
     Args:
         prefix_lens, seq_lens, last_loc: int64 [bs]; `last_loc` is the id of
             each request's last prefix token (ignored where prefix is a
             multiple of page_size).
         new_pages: int64 [sum(new_page_counts)], the fresh virtual pages.
+        total_tokens: sum(seq - prefix) when the caller knows it (spares a
+            device-to-host read).
     Returns:
         int64 [sum(seq - prefix)] virtual token ids, request-major.
     """
+    dev = seq_lens.device
     ext = seq_lens - prefix_lens
-    req = torch.repeat_interleave(torch.arange(len(ext)), ext)
+    total = int(ext.sum()) if total_tokens is None else int(total_tokens)
+    req = torch.repeat_interleave(torch.arange(len(ext), device=dev), ext, output_size=total)
     starts = torch.cumsum(ext, 0) - ext
-    pos = prefix_lens[req] + (torch.arange(int(ext.sum())) - starts[req])
+    pos = prefix_lens[req] + (torch.arange(total, device=dev) - starts[req])
     old_pages = (prefix_lens + page_size - 1) // page_size
     counts = new_page_counts(prefix_lens, seq_lens, page_size)
     page_base = torch.cumsum(counts, 0) - counts

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from unikv.kernels import triton_reference_extra
+from unikv.kernels import reference
 from unikv.kernels.launch import (
     cdiv,
     check_positive,
@@ -133,7 +133,7 @@ def paged_decode(seq_lens: torch.Tensor, last_loc: torch.Tensor, new_pages: torc
     if bs == 0:
         return out
     if not runs_triton(_paged_decode_kernel, seq_lens):
-        return triton_reference_extra.paged_decode(seq_lens, last_loc, new_pages, page_size)
+        return reference.paged_decode(seq_lens, last_loc, new_pages, page_size)
     block = min(next_pow2(bs), SCAN_BLOCK)
     _paged_decode_kernel[(1,)](contiguous(seq_lens), contiguous(last_loc), contiguous(new_pages), out, bs,
                                new_pages.numel(), page_size, BLOCK=block)
@@ -167,7 +167,7 @@ def paged_extend(prefix_lens: torch.Tensor, seq_lens: torch.Tensor, last_loc: to
     if total_tokens == 0 or bs == 0:
         return out
     if not runs_triton(_paged_extend_kernel, seq_lens):
-        return triton_reference_extra.paged_extend(prefix_lens, seq_lens, last_loc, new_pages, page_size,
+        return reference.paged_extend(prefix_lens, seq_lens, last_loc, new_pages, page_size,
                                                    total_tokens)
     prefix, seq = contiguous(prefix_lens), contiguous(seq_lens)
     scan = torch.empty(2, bs, dtype=torch.int64, device=dev)

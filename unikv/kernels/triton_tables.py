@@ -1,7 +1,7 @@
 """Triton page-table kernels: bind, alloc_bind, free_unbind, remap_moved, translate.
 
 Each launcher keeps the contract of its torch reference (`reference.py`,
-`triton_reference_extra.py` for `alloc_bind`), checks shapes, dtypes and
+`reference.py` for `alloc_bind`), checks shapes, dtypes and
 devices with ValueErrors, and never reads device memory on the host (no
 device->host sync). Virtual and physical page ids in one call are assumed
 unique, as the allocator guarantees (checking it would need a host read).
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from unikv.kernels import reference, triton_reference_extra
+from unikv.kernels import reference
 from unikv.kernels.launch import (
     cdiv,
     check_positive,
@@ -124,7 +124,7 @@ def bind(v_pages: torch.Tensor, p_pages: torch.Tensor, v2p: torch.Tensor, p2v: t
 
 def alloc_bind(v_pages: torch.Tensor, start, v2p: torch.Tensor, p2v: torch.Tensor) -> torch.Tensor:
     """Bind `v_pages[i] <-> start + i` in one launch; return the physical
-    pages `[start, start + n)` (see `triton_reference_extra.alloc_bind`).
+    pages `[start, start + n)` (see `reference.alloc_bind`).
 
     Args:
         start: a host int >= 0, or a one-element int64 tensor on the tables'
@@ -147,7 +147,7 @@ def alloc_bind(v_pages: torch.Tensor, start, v2p: torch.Tensor, p2v: torch.Tenso
     if n == 0:
         return out
     if not runs_triton(_bind_kernel, v2p):
-        return triton_reference_extra.alloc_bind(v_pages, start, v2p, p2v)
+        return reference.alloc_bind(v_pages, start, v2p, p2v)
     _bind_kernel[(cdiv(n, BLOCK),)](contiguous(v_pages), out, v2p, p2v, n,
                                    contiguous(start) if start_ptr else start,
                                    FROM_RANGE=True, START_PTR=start_ptr, BLOCK=BLOCK)
