@@ -106,8 +106,9 @@ def _measured_move_bandwidth(path: Path, impl: str | None) -> tuple[float, str] 
     by_impl: dict[str, list] = {}
     for row in rows:
         by_impl.setdefault(row[0], []).append(row)
-    if impl is None:
-        impl = max(by_impl, key=lambda k: statistics.median(r[2] for r in by_impl[k]))
+    if impl is None:  # the project's own move kernel when measured, else the fastest
+        impl = "triton" if "triton" in by_impl else max(
+            by_impl, key=lambda k: statistics.median(r[2] for r in by_impl[k]))
     chosen = by_impl.get(impl)
     if not chosen:
         return None
@@ -122,8 +123,11 @@ def _move_rows(path: Path) -> list[tuple[str, int, float]]:
         with path.open(newline="") as f:
             reader = csv.DictReader(f)
             cols = set(reader.fieldnames or ())
-            if not {"impl", "page_bytes", "pages", "bytes_per_s"} <= cols:
+            impl_col = next((c for c in ("impl", "method") if c in cols), None)
+            bw_col = next((c for c in ("bytes_per_s", "gbps") if c in cols), None)
+            if impl_col is None or bw_col is None or not {"page_bytes", "pages"} <= cols:
                 return []
+            scale = 1e9 if bw_col == "gbps" else 1.0  # bench_kernels.py writes GB/s
             op_col = next((c for c in ("op", "kernel", "bench") if c in cols), None)
             out = []
             for row in reader:
@@ -131,11 +135,11 @@ def _move_rows(path: Path) -> list[tuple[str, int, float]]:
                     continue
                 try:
                     size = int(float(row["page_bytes"])) * int(float(row["pages"]))
-                    bw = float(row["bytes_per_s"])
+                    bw = float(row[bw_col]) * scale
                 except (TypeError, ValueError):
                     continue
                 if bw > 0 and math.isfinite(bw):
-                    out.append((row["impl"], size, bw))
+                    out.append((row[impl_col], size, bw))
             return out
     except (OSError, UnicodeDecodeError, csv.Error):
         return []
