@@ -128,27 +128,34 @@ def take(chain: Sequence[Extent], i: int, n: int, total_bytes: int) -> Optional[
     e = chain[i]
     drain = min(n, e.holes)
     ext = n - drain
-    out = e._replace(holes=e.holes - drain, live=e.live + n)
-    if ext == 0:
-        return out
-    if ext > extension_room(chain, i, total_bytes):
-        return None
-    if e.kind is Kind.UP or e.kind is Kind.REGION:
-        return out._replace(high=e.high + ext)
-    if e.kind is Kind.DOWN:
-        return out._replace(low=e.low - ext)
-    if e.kind is Kind.BUDGET:
-        return out
+    low, high = e.low, e.high
+    if ext:
+        if ext > extension_room(chain, i, total_bytes):
+            return None
+        if e.kind is Kind.UP or e.kind is Kind.REGION:
+            high += ext
+        elif e.kind is Kind.DOWN:
+            low -= ext
+        elif e.kind is Kind.FLOAT:
+            low, high = _float_extend(chain, i, ext, total_bytes)
+    # Positional construction: NamedTuple._replace is several times slower,
+    # and the capacity search calls this in its inner loop.
+    return Extent(e.kind, e.page_bytes, e.min_page, e.num_pages, low, high,
+                  e.holes - drain, e.live + n, e.cap)
+
+
+def _float_extend(chain: Sequence[Extent], i: int, ext: int, total_bytes: int) -> tuple[int, int]:
+    """The float's span after `ext` fresh pages (they fit: checked)."""
+    e = chain[i]
     lo, hi = float_region(chain, i, total_bytes)
     if e.transparent:
         start = lo + (hi - lo - ext) // 2
-        return out._replace(low=start, high=start + ext)
+        return start, start + ext
     gap_low, gap_high = e.low - lo, hi - e.high
-    prefer_high = gap_high >= gap_low
     fits_high, fits_low = ext <= gap_high, ext <= gap_low
-    if fits_high and (prefer_high or not fits_low):
-        return out._replace(high=e.high + ext)
-    return out._replace(low=e.low - ext)
+    if fits_high and (gap_high >= gap_low or not fits_low):
+        return e.low, e.high + ext
+    return e.low - ext, e.high
 
 
 def take_all(

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from unikv.ids import as_ids, check_range, few
-from unikv.kernels.reference import new_page_counts
+from unikv.ids import as_ids, few
 
 
 @dataclass(frozen=True)
@@ -22,69 +21,95 @@ class PagedRequest:
     seq: torch.Tensor
     last_loc: torch.Tensor
     new_pages: int
+    total_tokens: int
+
+
+def _host(values, what: str) -> list[int]:
+    """Lengths and locations as host ints (they are scheduler metadata: pass
+    CPU tensors or lists; a device tensor costs a device-to-host read)."""
+    if isinstance(values, torch.Tensor):
+        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+            raise ValueError(f"{what}: dtype {values.dtype} is not an integer dtype")
+        if values.dim() > 1:
+            raise ValueError(f"{what}: shape {tuple(values.shape)} is not 1-D")
+        return values.reshape(-1).tolist()
+    return as_ids(values, what, "cpu").tolist()
+
+
+def _device(values, host: list[int], device) -> torch.Tensor:
+    """`values` as an int64 tensor on `device`, reusing it when it already is."""
+    if isinstance(values, torch.Tensor) and values.dtype == torch.int64 and values.device == device:
+        return values.reshape(-1)
+    return torch.tensor(host, dtype=torch.int64, device=device)
 
 
 def extend_request(pool, prefix_lens, seq_lens, last_loc, extend_num_tokens=None) -> PagedRequest:
     """Checked arguments of `alloc_extend`. Raises ValueError naming the
     argument (shapes, negative or shrinking lengths, a wrong token total, a
     `last_loc` that is not a live id at the prefix's last position)."""
-    dev = pool.backend.device
-    prefix = as_ids(prefix_lens, "alloc_extend: prefix_lens", dev)
-    seq = as_ids(seq_lens, "alloc_extend: seq_lens", dev)
-    last = as_ids(last_loc, "alloc_extend: last_loc", dev)
-    if not (prefix.numel() == seq.numel() == last.numel()):
-        raise ValueError(
-            f"alloc_extend: prefix_lens, seq_lens, last_loc have lengths "
-            f"{prefix.numel()}, {seq.numel()}, {last.numel()}; expected equal"
-        )
-    if prefix.numel() and bool((prefix < 0).any()):
-        raise ValueError(f"alloc_extend: prefix_lens {few(prefix[prefix < 0])} are negative")
-    if seq.numel() and bool((seq < prefix).any()):
-        raise ValueError(f"alloc_extend: seq_lens {few(seq[seq < prefix])} are below prefix_lens")
-    total = int((seq - prefix).sum())
+    prefix = _host(prefix_lens, "alloc_extend: prefix_lens")
+    seq = _host(seq_lens, "alloc_extend: seq_lens")
+    last = _host(last_loc, "alloc_extend: last_loc")
+    if not (len(prefix) == len(seq) == len(last)):
+        raise ValueError(f"alloc_extend: prefix_lens, seq_lens, last_loc have lengths "
+                         f"{len(prefix)}, {len(seq)}, {len(last)}; expected equal")
+    negative = [p for p in prefix if p < 0]
+    if negative:
+        raise ValueError(f"alloc_extend: prefix_lens {few(negative)} are negative")
+    shrinking = [s for s, p in zip(seq, prefix) if s < p]
+    if shrinking:
+        raise ValueError(f"alloc_extend: seq_lens {few(shrinking)} are below prefix_lens")
+    total = sum(seq) - sum(prefix)
     if extend_num_tokens is not None and int(extend_num_tokens) != total:
         raise ValueError(f"alloc_extend: extend_num_tokens={extend_num_tokens} but "
                          f"sum(seq_lens - prefix_lens)={total}")
     _check_last_loc(pool, prefix, last, "alloc_extend")
-    pages = int(new_page_counts(prefix, seq, pool.page_size).sum())
-    return PagedRequest(prefix, seq, last, pages)
+    ps = pool.page_size
+    pages = sum(-(-s // ps) + (p // -ps) for s, p in zip(seq, prefix))
+    dev = pool.backend.device
+    return PagedRequest(_device(prefix_lens, prefix, dev), _device(seq_lens, seq, dev),
+                        _device(last_loc, last, dev), pages, total)
 
 
 def decode_request(pool, seq_lens, last_loc) -> PagedRequest:
     """Checked arguments of `alloc_decode` (seq_lens >= 1, include the new token)."""
-    dev = pool.backend.device
-    seq = as_ids(seq_lens, "alloc_decode: seq_lens", dev)
-    last = as_ids(last_loc, "alloc_decode: last_loc", dev)
-    if seq.numel() != last.numel():
+    seq = _host(seq_lens, "alloc_decode: seq_lens")
+    last = _host(last_loc, "alloc_decode: last_loc")
+    if len(seq) != len(last):
         raise ValueError(f"alloc_decode: seq_lens and last_loc have lengths "
-                         f"{seq.numel()}, {last.numel()}; expected equal")
-    if seq.numel() and int(seq.min()) < 1:
-        raise ValueError(f"alloc_decode: seq_lens {few(seq[seq < 1])} must be >= 1")
-    prefix = seq - 1
+                         f"{len(seq)}, {len(last)}; expected equal")
+    short = [s for s in seq if s < 1]
+    if short:
+        raise ValueError(f"alloc_decode: seq_lens {few(short)} must be >= 1")
+    prefix = [s - 1 for s in seq]
     _check_last_loc(pool, prefix, last, "alloc_decode")
     ps = pool.page_size
-    pages = int((prefix % ps == 0).sum()) if ps > 1 else int(seq.numel())
-    return PagedRequest(prefix, seq, last, pages)
+    pages = sum(1 for p in prefix if p % ps == 0)
+    dev = pool.backend.device
+    seq_t = _device(seq_lens, seq, dev)
+    return PagedRequest(seq_t - 1, seq_t, _device(last_loc, last, dev), pages, len(seq))
 
 
-def _check_last_loc(pool, prefix: torch.Tensor, last: torch.Tensor, op: str) -> None:
+def _check_last_loc(pool, prefix: list[int], last: list[int], op: str) -> None:
+    """Where a prefix ends inside a page, its `last_loc` must be a live id
+    at the prefix's last position of that page."""
     ps = pool.page_size
-    if ps == 1 or prefix.numel() == 0:
+    tails = [(p, l) for p, l in zip(prefix, last) if p % ps]
+    if not tails:
         return
-    # One fused check on the happy path; offenders are listed only on error.
-    tail = prefix % ps != 0
-    in_range = (last >= 0) & (last < pool.vids.size * ps)
-    safe = torch.where(in_range, last, torch.zeros_like(last))
-    at_end = safe % ps == (prefix - 1) % ps
-    live = pool.vids.binds[torch.div(safe, ps, rounding_mode="floor")] > 0
-    if not bool((tail & ~(in_range & at_end & live)).any()):
-        return
-    check_range(last[tail], 0, pool.vids.size * ps, f"{op}: last_loc")
-    wrong = last[tail & ~at_end]
-    if wrong.numel():
+    high = pool.vids.size * ps
+    outside = [l for _, l in tails if not 0 <= l < high]
+    if outside:
+        raise ValueError(f"{op}: last_loc ids {few(outside)} are outside [0, {high})")
+    wrong = [l for p, l in tails if l % ps != (p - 1) % ps]
+    if wrong:
         raise ValueError(f"{op}: last_loc {few(wrong)} do not sit at the prefix's last "
                          f"position within their page (page_size={ps})")
-    raise ValueError(f"{op}: last_loc {few(last[tail & ~live])} are not on allocated pages")
+    pages = torch.tensor([l // ps for _, l in tails], dtype=torch.int64, device=pool.vids.binds.device)
+    live = pool.vids.binds[pages].tolist()
+    dead = [l for (_, l), b in zip(tails, live) if b <= 0]
+    if dead:
+        raise ValueError(f"{op}: last_loc {few(dead)} are not on allocated pages")
 
 
 def page_representatives(ids: torch.Tensor, start_pos: int, page_size: int) -> torch.Tensor:

@@ -158,19 +158,20 @@ class UnifiedPool:
         """
         self._require_tokens()
         req = paged.extend_request(self, prefix_lens, seq_lens, last_loc, extend_num_tokens)
-        return self._alloc_paged(req, self.backend.paged_extend, req.prefix, req.seq)
+        new_pages = self._take_token_pages(req.new_pages)
+        if new_pages is None:
+            return None
+        return self.backend.paged_extend(req.prefix, req.seq, req.last_loc, new_pages, self.page_size,
+                                         req.total_tokens)
 
     def alloc_decode(self, seq_lens, last_loc) -> Optional[torch.Tensor]:
         """One token per request at position `seq - 1` (seq includes it)."""
         self._require_tokens()
         req = paged.decode_request(self, seq_lens, last_loc)
-        return self._alloc_paged(req, self.backend.paged_decode, req.seq)
-
-    def _alloc_paged(self, req, kernel, *lens) -> Optional[torch.Tensor]:
         new_pages = self._take_token_pages(req.new_pages)
         if new_pages is None:
             return None
-        return kernel(*lens, req.last_loc, new_pages, self.page_size)
+        return self.backend.paged_decode(req.seq, req.last_loc, new_pages, self.page_size)
 
     def _take_token_pages(self, pages: int) -> Optional[torch.Tensor]:
         """Fresh virtual pages bound on every token band, or None."""
@@ -225,11 +226,16 @@ class UnifiedPool:
         return moves
 
     def _live_token_pages(self, ids, op: str, allow_sink: bool = False) -> torch.Tensor:
+        """The distinct virtual pages of token `ids`, all allocated."""
         t = self._ids(ids, f"{op}: ids")
         check_range(t, 0, self.vids.size * self.page_size, f"{op}: token ids")
-        pages = torch.unique(torch.div(t, self.page_size, rounding_mode="floor"))
-        if allow_sink:
-            pages = pages[pages > 0]
+        if t.numel() <= 256:  # few ids: host arithmetic beats a chain of small ops
+            host = sorted({x // self.page_size for x in t.tolist()} - ({0} if allow_sink else set()))
+            pages = torch.tensor(host, dtype=torch.int64, device=t.device)
+        else:
+            pages = torch.unique(torch.div(t, self.page_size, rounding_mode="floor"))
+            if allow_sink:
+                pages = pages[pages > 0]
         dead = pages[self.vids.binds[pages] <= 0]
         if dead.numel():
             raise ValueError(f"{op}: virtual pages {few(dead)} are not allocated "

@@ -52,8 +52,7 @@ def soak(pool, seed: int, ops: int = OPS) -> Driver:
     return driver
 
 
-def assert_drains_to_fresh(driver: Driver, chain: str, page_size: int, mode: str,
-                           occupancy: bool = True) -> None:
+def assert_drains_to_fresh(driver: Driver, chain: str, page_size: int, mode: str) -> None:
     """Invariant 7: freeing everything returns the pool to its cleared state."""
     pool = driver.pool
     driver.free_all()
@@ -63,8 +62,7 @@ def assert_drains_to_fresh(driver: Driver, chain: str, page_size: int, mode: str
     assert pool.available_size() == fresh.available_size()
     for band in driver.state_bands:
         assert pool.available_state(band) == fresh.available_state(band)
-    if occupancy:
-        assert pool.occupancy() == fresh.occupancy()
+    assert pool.occupancy() == fresh.occupancy()
 
 
 @pytest.mark.parametrize("mode", ["eager", "lazy"])
@@ -93,12 +91,12 @@ def test_soak_static_partition(chain, page_size):
     driver = soak(pool, seed=page_size)
     assert driver.counts["shortfall"] > 20
     assert pool.stats()["moves"] == 0  # a static split never moves a page
-    assert_drains_to_fresh(driver, chain, page_size, "static", occupancy=False)
+    assert_drains_to_fresh(driver, chain, page_size, "static")
 
 
-@pytest.mark.xfail(strict=True, reason="core: an empty RegionBand keeps its fill watermark and "
-                   "reports every page it ever handed out as a hole (see the soak report)")
 def test_static_partition_empty_has_no_holes():
+    # Regression: an emptied region used to keep its fill watermark and
+    # report every page it had handed out as a hole.
     pool = make_pool("full|swa", 1, "static")
     pool.free(pool.alloc(10))
     pool.flush(urgent=True)

@@ -33,6 +33,9 @@ class Backend(Protocol):
 
     def bind(self, v_pages, p_pages, v2p, p2v) -> None: ...
 
+    def alloc_bind(self, v_pages, start, v2p, p2v) -> torch.Tensor:
+        """Bind `v_pages` to the fresh range `[start, start + n)`; return it."""
+
     def free_unbind(self, v_pages, v2p, p2v) -> torch.Tensor: ...
 
     def remap_moved(self, src, dst, v2p, p2v) -> torch.Tensor: ...
@@ -41,9 +44,13 @@ class Backend(Protocol):
 
     def translate(self, v_tokens, v2p, page_size: int, multiplier: int = 1) -> torch.Tensor: ...
 
-    def paged_extend(self, prefix_lens, seq_lens, last_loc, new_pages, page_size: int) -> torch.Tensor: ...
+    def paged_extend(self, prefix_lens, seq_lens, last_loc, new_pages, page_size: int,
+                     total_tokens: Optional[int] = None) -> torch.Tensor: ...
 
     def paged_decode(self, seq_lens, last_loc, new_pages, page_size: int) -> torch.Tensor: ...
+
+    def new_event(self, label: str = "") -> Any:
+        """A forward-done event the engine records after launching a forward."""
 
     def event_done(self, event: Any) -> bool:
         """Whether the forward behind `event` has finished (never blocks)."""

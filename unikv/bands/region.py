@@ -47,8 +47,11 @@ class RegionBand(BandAllocator):
         return torch.cat([drained, self.backend.arange(old.high, new.high)])
 
     def release(self, p_pages: torch.Tensor) -> int:
-        self.holes = torch.cat([self.holes, p_pages])
         self.live = self.live - int(p_pages.numel())
+        if self.live == 0:  # nothing live: the region is empty again
+            self.fill, self.holes = self.region_low, self.backend.arange(0, 0)
+        else:
+            self.holes = torch.cat([self.holes, p_pages])
         return 0
 
     def violations(self) -> list[str]:
