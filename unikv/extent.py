@@ -185,7 +185,38 @@ def joint_pages(
     if not order:
         return 0
     hi = min(chain[i].holes + extension_room(chain, i, total_bytes) for i in order)
-    fits = lambda n: take_all(chain, order, n, total_bytes) is not None  # noqa: E731
+    if len(order) == 1 or all(chain[i].kind is Kind.REGION for i in order):
+        return hi  # independent bands: each one's own room is the answer
+    fits = _facing_pair(chain, order) or (
+        lambda n: take_all(chain, order, n, total_bytes) is not None)
+    return _search(fits, hi, hint)
+
+
+def _facing_pair(chain: Sequence[Extent], order: Sequence[int]):
+    """The joint predicate of an UP band and a DOWN band that face each other
+    (only transparent bands between), in integer arithmetic: the same answer
+    as `take_all` for that chain, without building extents."""
+    if len(order) != 2:
+        return None
+    u, d = (chain[order[0]], chain[order[1]])
+    if u.kind is not Kind.UP or d.kind is not Kind.DOWN or order[0] > order[1]:
+        return None
+    if any(not chain[j].transparent for j in range(order[0] + 1, order[1])):
+        return None
+
+    def fits(n: int) -> bool:
+        ext_u, ext_d = max(0, n - u.holes), max(0, n - d.holes)
+        high_u = u.high + ext_u
+        if ext_u and (high_u > u.num_pages or high_u * u.page_bytes > d.low * d.page_bytes):
+            return False
+        floor_d = max(d.min_page, -(-high_u * u.page_bytes // d.page_bytes))
+        return not ext_d or d.low - ext_d >= floor_d
+
+    return fits
+
+
+def _search(fits, hi: int, hint: int) -> int:
+    """Largest n in [0, hi] with `fits(n)` (monotone), galloping from `hint`."""
     lo, step = 0, 1
     probe = min(max(hint, 0), hi)
     if probe and fits(probe):

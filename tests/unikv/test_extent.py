@@ -60,3 +60,24 @@ def test_gap_bytes():
     assert chain_gap_bytes([up(3), flt(40, 50), down(40)], 1000, TOTAL) == 1000 + 3000
     lone = [Extent(Kind.DOWN, 100, 1, 10, 7, 10, 0, 3)]
     assert chain_gap_bytes(lone, 100, 1000) == 600
+
+
+def test_fast_paths_agree_with_the_general_search():
+    import random
+
+    from unikv.extent import _search, extension_room, take_all
+
+    rng = random.Random(7)
+    for _ in range(400):
+        pu, pd = rng.choice([100, 300, 1000]), rng.choice([100, 200, 700])
+        nu, nd = TOTAL // pu, TOTAL // pd
+        high = rng.randrange(1, nu)
+        low = rng.randrange(max(1, -(-high * pu // pd)), nd + 1)
+        u = Extent(Kind.UP, pu, 1, nu, 1, high, rng.randrange(0, high), 0)
+        d = Extent(Kind.DOWN, pd, 1, nd, low, nd, rng.randrange(0, nd - low + 1), 0)
+        middle = [flt(0, 0)] if rng.random() < 0.5 else []
+        chain = [u, *middle, d]
+        order = [0, len(chain) - 1]
+        hi = min(chain[i].holes + extension_room(chain, i, TOTAL) for i in order)
+        general = _search(lambda n: take_all(chain, order, n, TOTAL) is not None, hi, 0)
+        assert joint_pages(chain, order, TOTAL, hint=rng.randrange(0, 50)) == general

@@ -11,6 +11,7 @@ shortfall ladder) happen often.
 from __future__ import annotations
 
 import random
+import zlib
 
 import pytest
 import torch
@@ -19,7 +20,8 @@ from unikv import StaticPartitionPool, UnifiedPool
 from unikv.backends import SimBackend
 from unikv.testing import Driver, make_layout
 
-OPS = 2000
+OPS = 1500  # per run; the 3-band chain, the one with every mechanism, gets more
+OPS_3BAND = 2500
 CHAINS = ["full", "full|swa", "swa|full", "mamba|full", "mamba|swa|full"]
 
 
@@ -70,8 +72,8 @@ def assert_drains_to_fresh(driver: Driver, chain: str, page_size: int, mode: str
 @pytest.mark.parametrize("chain", CHAINS)
 def test_soak_unified(chain, page_size, mode):
     pool = make_pool(chain, page_size, mode)
-    seed = hash((chain, page_size, mode)) % 10_000
-    driver = soak(pool, seed)
+    seed = zlib.crc32(f"{chain}/{page_size}/{mode}".encode())  # stable across runs
+    driver = soak(pool, seed, OPS_3BAND if chain == "mamba|swa|full" else OPS)
     stats = pool.stats()
     # The run reached the paths it is meant to stress.
     assert driver.counts["shortfall"] > 20
@@ -88,7 +90,7 @@ def test_soak_unified(chain, page_size, mode):
 @pytest.mark.parametrize("chain", ["full|swa", "mamba|swa|full"])
 def test_soak_static_partition(chain, page_size):
     pool = make_pool(chain, page_size, "static")
-    driver = soak(pool, seed=page_size)
+    driver = soak(pool, seed=page_size, ops=OPS_3BAND if chain == "mamba|swa|full" else OPS)
     assert driver.counts["shortfall"] > 20
     assert pool.stats()["moves"] == 0  # a static split never moves a page
     assert_drains_to_fresh(driver, chain, page_size, "static")
