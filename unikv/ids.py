@@ -40,7 +40,7 @@ class IdSpace:
         """The next `n` free ids, bound on all holders. Caller checked n fits."""
         ids = torch.flip(self._stack[self._top - n: self._top], (0,))
         self._top -= n
-        self.binds[ids] = self.holders
+        self.binds.index_fill_(0, ids, self.holders)  # no host scalar crosses to the device
         return ids
 
     def _push(self, ids: torch.Tensor) -> None:
@@ -57,7 +57,7 @@ class IdSpace:
 
     def drop_all(self, ids: torch.Tensor) -> None:
         """Every holder lets go of `ids` (unique)."""
-        self.binds[ids] = 0
+        self.binds.index_fill_(0, ids, 0)
         self._push(ids)
 
     def live_count(self) -> int:

@@ -90,7 +90,7 @@ def test_page_leaked_behind_the_engines_back(busy):
 
 def test_move_kernel_that_copies_nothing():
     driver = make_driver("mamba|swa|full", 16, "eager", seed=2)
-    driver.pool.backend.move_pages = lambda buffer, page_bytes, src, dst: None
+    driver.pool.backend.move_pages = lambda buffer, page_bytes, src, dst, **kw: None
     assert "hold wrong bytes" in joined(driver.run(2000))
 
 
@@ -98,7 +98,7 @@ def test_move_kernel_that_copies_half_a_page():
     driver = make_driver("full|swa", 1, "lazy", seed=4)
     backend = driver.pool.backend
 
-    def half_move(buffer, page_bytes, src, dst):
+    def half_move(buffer, page_bytes, src, dst, **kw):
         rows = buffer[: buffer.numel() // page_bytes * page_bytes].view(-1, page_bytes)
         rows[dst, : page_bytes // 2] = rows[src, : page_bytes // 2]
 

@@ -40,7 +40,9 @@ class Backend(Protocol):
 
     def remap_moved(self, src, dst, v2p, p2v) -> torch.Tensor: ...
 
-    def move_pages(self, buffer, page_bytes: int, src, dst) -> None: ...
+    def move_pages(self, buffer, page_bytes: int, src, dst, disjoint: Optional[bool] = None) -> None:
+        """Copy page rows src -> dst as if all sources were read first;
+        `disjoint` (when the caller knows it) spares an overlap check."""
 
     def translate(self, v_tokens, v2p, page_size: int, multiplier: int = 1) -> torch.Tensor: ...
 

@@ -101,6 +101,6 @@ class SimBackend:
     paged_extend = staticmethod(reference.paged_extend)
     paged_decode = staticmethod(reference.paged_decode)
 
-    def move_pages(self, buffer, page_bytes: int, src, dst) -> None:
-        if buffer is not None:
+    def move_pages(self, buffer, page_bytes: int, src, dst, disjoint=None) -> None:
+        if buffer is not None:  # gather-then-scatter: any overlap is fine
             reference.move_pages(buffer, page_bytes, src, dst)

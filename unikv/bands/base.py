@@ -121,7 +121,8 @@ class BandAllocator:
         if not src:
             return
         s, d = self.backend.ids(list(src)), self.backend.ids(list(dst))
-        self.backend.move_pages(self.ctx.buffer, self.page_bytes, s, d)
+        disjoint = set(src).isdisjoint(dst)  # known on the host: spares the backend a read
+        self.backend.move_pages(self.ctx.buffer, self.page_bytes, s, d, disjoint=disjoint)
         self.backend.remap_moved(s, d, self.v2p, self.p2v)
         self.counters.moves += len(src)
         self.counters.moved_bytes += len(src) * self.page_bytes
