@@ -16,6 +16,7 @@ Writes `results/soak/soak.md` and `results/soak/soak.json`.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing
 import platform
@@ -62,7 +63,7 @@ def soak_one(args: tuple) -> dict:
                 rate = done / (time.perf_counter() - start)
                 print(f"  [{mode}] {done:>7} ops, {rate:,.0f} ops/s, "
                       f"{driver.counts['shortfall']} shortfalls", flush=True)
-    except Exception as exc:  # a crash is a finding too: record it with the history
+    except Exception as exc:  # noqa: BLE001 - a crash is a finding too: record it with the history
         violations = [f"exception at op {done}: {exc!r}", f"recent ops: {list(driver.history)}"]
     seconds = time.perf_counter() - start
     if not violations:
@@ -94,6 +95,16 @@ def drain_violations(driver: Driver, mode: str, page_size: int, tokens: int) -> 
     return out
 
 
+def source_digest() -> str:
+    """Short hash of the `unikv/` sources this run imported (the tree may be
+    ahead of the last commit)."""
+    h = hashlib.sha256()
+    for path in sorted((ROOT / "unikv").rglob("*.py")):
+        h.update(path.relative_to(ROOT).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def git_revision() -> str:
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
@@ -116,8 +127,8 @@ def report(rows: list[dict], cfg: dict) -> str:
     lines = [
         "# Soak: 3-band pools under random operations",
         "",
-        f"Layout `{CHAIN}`: {bands}; page_size {cfg['page_size']}; "
-        f"{layout.total_bytes:,} bytes (sink {layout.sink_bytes:,}). Real bytes (materialised sim backend).",
+        (f"Layout `{CHAIN}`: {bands}; page_size {cfg['page_size']}; "
+         f"{layout.total_bytes:,} bytes (sink {layout.sink_bytes:,}). Real bytes (materialised sim backend)."),
         f"Seed {cfg['seed']}; check after every operation: `verify() == []`, every live slot's bytes intact,",
         "no two live pages share a byte, live counts and tombstones as the engine holds them, and",
         "in-flight forwards' reads undisturbed / writes landing where the data lives. At the end",
@@ -134,8 +145,9 @@ def report(rows: list[dict], cfg: dict) -> str:
         for v in r["first_violations"]:
             lines.append(f"  - VIOLATION: {v[:2000]}")
     lines += ["", f"Command: `python benchmarks/soak.py --ops {cfg['ops']} --seed {cfg['seed']}`",
-              f"Revision {cfg['git']}; unikv {__version__}, torch {torch.__version__}, "
-              f"Python {platform.python_version()}, {platform.machine()}.", ""]
+              (f"Revision {cfg['git']} (unikv/ sources sha256 {cfg['unikv_sha256']}); "
+               f"unikv {__version__}, torch {torch.__version__}, "
+               f"Python {platform.python_version()}, {platform.machine()}."), ""]
     return "\n".join(lines)
 
 
@@ -150,6 +162,8 @@ def main(argv=None) -> int:
     p.add_argument("--progress", type=int, default=10_000, help="print every N ops (0: quiet)")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "soak")
     a = p.parse_args(argv)
+    cfg = {"ops": a.ops, "seed": a.seed, "page_size": a.page_size, "tokens": a.tokens,
+           "git": git_revision(), "unikv_sha256": source_digest()}  # before the run: what it imports
     modes = a.modes.split(",")
     jobs = [(m, a.ops, a.seed, a.page_size, a.tokens, a.progress) for m in modes]
     if a.jobs > 1:
@@ -157,7 +171,6 @@ def main(argv=None) -> int:
             rows = workers.map(soak_one, jobs)
     else:
         rows = [soak_one(j) for j in jobs]
-    cfg = {"ops": a.ops, "seed": a.seed, "page_size": a.page_size, "tokens": a.tokens, "git": git_revision()}
     text = report(rows, cfg)
     print(text)
     a.out.mkdir(parents=True, exist_ok=True)

@@ -91,6 +91,8 @@ def as_ids(values, what: str, device) -> torch.Tensor:
             t = torch.as_tensor(values)
         except (TypeError, ValueError, RuntimeError) as exc:
             raise ValueError(f"{what}: cannot read {values!r} as integer ids ({exc})") from None
+        if t.numel() == 0:
+            t = t.to(torch.int64)  # an empty sequence carries no dtype
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
         raise ValueError(f"{what}: dtype {t.dtype} is not an integer dtype")
     if t.dim() > 1:

@@ -4,7 +4,6 @@ Pool: one full band, 100 B/token, page_size 1, 20 usable pages; every step
 takes 1 s (constant cost), so times are step counts.
 """
 
-import pytest
 import torch
 
 from sim.engine import Simulation

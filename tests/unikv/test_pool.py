@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from factories import fill, full_swa, mamba_full, one_band, pool, read, same, snapshot, three_band
+from factories import fill, full_swa, mamba_full, one_band, pool, same, snapshot, three_band
 from unikv import Band, Layout, UnifiedPool
 from unikv.backends import SimBackend, SimEvent
 
@@ -207,3 +207,12 @@ def test_set_inflight_forward_checks_its_arguments():
     with pytest.raises(ValueError, match="token band"):
         p.set_inflight_forward(SimEvent(), state_write_ids={"swa": [1]})
     assert SimBackend().event_done(SimEvent()) is False
+
+
+def test_empty_lists_are_valid_no_ops():
+    p = pool(three_band(), "lazy")
+    before = snapshot(p)
+    assert p.free([]) == 0 and p.release([], "swa") == 0 and p.free_state("mamba", []) == 0
+    assert p.alloc_decode([], []).numel() == 0
+    assert p.alloc_extend([], [], []).numel() == 0
+    assert same(before, snapshot(p))

@@ -84,6 +84,7 @@ def test_aliased_pages_overlap(busy):
 
 
 def test_page_leaked_behind_the_engines_back(busy):
+    busy.free_request(next(iter(busy.reqs)))  # make room: the pool may be full
     assert busy.pool.alloc(16) is not None
     assert "pool reports" in joined(busy.check())
 
