@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
-from unikv.extent import Extent, Kind
+from unikv.extent import Extent, Kind, take
 from unikv.hazards import Epoch, Hazards
 from unikv.layout import BandGeometry
 from unikv.stats import BandCounters
@@ -66,7 +66,22 @@ class BandAllocator:
         raise NotImplementedError
 
     def take(self, n: int) -> Optional[torch.Tensor]:
-        """Physical pages for `n` new live pages, or None (state unchanged)."""
+        """Physical pages for `n` new live pages, or None (state unchanged):
+        the holes the chain arithmetic drains, then the fresh frontier pages."""
+        chain = self.chain_extents()
+        old = chain[self.index]
+        new = take(chain, self.index, n, self.total_bytes)
+        if new is None:
+            return None
+        drain = old.holes - new.holes
+        drained, self.holes = self.holes[:drain], self.holes[drain:]
+        self.apply_extent(new)
+        if new.live - old.live == drain:
+            return drained
+        return torch.cat([drained, self.fresh_pages(old, new)])
+
+    def apply_extent(self, new: Extent) -> None:
+        """Adopt the frontier and live count of `new` after a take."""
         raise NotImplementedError
 
     def release(self, p_pages: torch.Tensor) -> int:

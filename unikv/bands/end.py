@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from unikv.bands.base import BandAllocator
-from unikv.extent import Extent, Kind, take
+from unikv.extent import Extent, Kind
 from unikv.hazards import Tracked
 from unikv.layout import Grow
 
@@ -62,19 +62,9 @@ class EndBand(BandAllocator):
 
     # -- take / release --
 
-    def take(self, n: int) -> Optional[torch.Tensor]:
-        chain = self.chain_extents()
-        old = chain[self.index]
-        new = take(chain, self.index, n, self.total_bytes)
-        if new is None:
-            return None
-        drain = old.holes - new.holes
-        drained, self.holes = self.holes[:drain], self.holes[drain:]
+    def apply_extent(self, new: Extent) -> None:
         self.watermark = new.high if self.up else new.low
         self.live = new.live
-        if new.live - old.live == drain:
-            return drained
-        return torch.cat([drained, self.fresh_pages(old, new)])
 
     def release(self, p_pages: torch.Tensor) -> int:
         n = int(p_pages.numel())

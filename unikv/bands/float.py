@@ -9,12 +9,11 @@ it occupies no bytes and its neighbours see straight through it.
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 
 from unikv.bands.base import BandAllocator
-from unikv.extent import Extent, Kind, float_gaps, float_region, take
+from unikv.extent import Extent, Kind, float_gaps, float_region
 from unikv.hazards import Tracked
 from unikv.layout import Side
 
@@ -46,18 +45,8 @@ class FloatBand(BandAllocator):
 
     # -- take / release --
 
-    def take(self, n: int) -> Optional[torch.Tensor]:
-        chain = self.chain_extents()
-        old = chain[self.index]
-        new = take(chain, self.index, n, self.total_bytes)
-        if new is None:
-            return None
-        drain = old.holes - new.holes
-        drained, self.holes = self.holes[:drain], self.holes[drain:]
+    def apply_extent(self, new: Extent) -> None:
         self.low, self.high = new.low, new.high
-        if new.live - old.live == drain:
-            return drained
-        return torch.cat([drained, self.fresh_pages(old, new)])
 
     def release(self, p_pages: torch.Tensor) -> int:
         if p_pages.numel() == 0:

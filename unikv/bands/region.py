@@ -35,16 +35,8 @@ class RegionBand(BandAllocator):
         return Extent(Kind.REGION, g.page_bytes, g.min_page, g.num_pages, self.region_low,
                       self.fill, int(self.holes.numel()), self.live, cap=self.region_high)
 
-    def take(self, n: int) -> Optional[torch.Tensor]:
-        chain = self.chain_extents()
-        old = chain[self.index]
-        new = take(chain, self.index, n, self.total_bytes)
-        if new is None:
-            return None
-        drain = old.holes - new.holes
-        drained, self.holes = self.holes[:drain], self.holes[drain:]
+    def apply_extent(self, new: Extent) -> None:
         self.fill, self.live = new.high, new.live
-        return torch.cat([drained, self.backend.arange(old.high, new.high)])
 
     def release(self, p_pages: torch.Tensor) -> int:
         self.live = self.live - int(p_pages.numel())
