@@ -158,7 +158,6 @@ def grid(config: RunConfig, layouts: Sequence[str], compactions: Sequence[str],
 def compare(argv: Optional[Sequence[str]] = None) -> int:
     from sim.figures import comparison
     from sim.run import run, write_run
-    from sim.summary import capacity_efficiency
 
     parser = argparse.ArgumentParser(prog="unikv compare",
                                      description="replay one trace against a grid of layouts x compaction modes")

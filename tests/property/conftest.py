@@ -29,7 +29,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_terminal_summary(terminalreporter):
-    from chain_machine import EXAMPLES, STEPS
+    from chain_machine import EXAMPLES, REACHED, STEPS
 
     if not STEPS:
         return
@@ -37,3 +37,4 @@ def pytest_terminal_summary(terminalreporter):
     for name in sorted(STEPS):
         terminalreporter.write_line(f"{name}: {STEPS[name]} rule steps over {EXAMPLES[name]} examples")
     terminalreporter.write_line(f"total: {sum(STEPS.values())} rule steps over {sum(EXAMPLES.values())} examples")
+    terminalreporter.write_line(f"reached: {dict(REACHED)}")

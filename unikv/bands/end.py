@@ -121,7 +121,8 @@ class EndBand(BandAllocator):
             blocked = self.ctx.hazards.written_pages(self.name, self.v2p)
             srcs, dsts = self._plan_pack(holes, cap=self.ctx.move_cap, blocked=blocked)
         self.move(srcs, dsts)
-        left = [h for h in holes if h not in set(dsts)]
+        moved_to = set(dsts)
+        left = [h for h in holes if h not in moved_to]
         reader = None if urgent else self.ctx.hazards.pending_event()
         if reader is not None and srcs:
             self.pending.append((reader, srcs, self.backend.ids(srcs)))
