@@ -115,7 +115,8 @@ def extension_room(chain: Sequence[Extent], i: int, total_bytes: int) -> int:
     if e.kind is Kind.REGION:
         return e.cap - e.high
     free = e.cap - sum(x.live * x.page_bytes for x in chain)
-    return max(0, free) // e.page_bytes
+    # The budget is shared, but a band still has only its own page grid.
+    return min(max(0, free) // e.page_bytes, e.num_pages - e.min_page - e.live)
 
 
 def take(chain: Sequence[Extent], i: int, n: int, total_bytes: int) -> Optional[Extent]:

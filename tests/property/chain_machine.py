@@ -1,23 +1,24 @@
 """One hypothesis state machine for the chain invariants, for every pool kind.
 
-`ChainMachine` draws a layout in its `@initialize` (1-3 bands in a valid
-chain, entry sizes that are not multiples of each other, page sizes 1-64,
-buffers from a few pages to medium, so shortfalls happen all the time), then
-plays the serving engine through the public surface: plain, batched extend
-and decode allocs with tail-page reuse, frees of whole requests and of page
-subsets, releases of one band (window ratchet with and without `start_pos`),
-state slots, flushes, the float's relocations, in-flight forwards and their
-events, probes of the capacity views, drains and clears.
+`ChainMachine` draws a layout in its `@initialize` (chain_setup.layouts),
+then plays the serving engine through the public surface: plain, batched
+extend and decode allocs with tail-page reuse, frees of whole requests and
+of page subsets, releases of one band (window ratchet with and without
+`start_pos`), state slots, flushes, the float's relocations, in-flight
+forwards and their events (including engine steps with overlap scheduling),
+probes of the capacity views, rejected calls, drains and clears.
 
 Beside the pool it steps `ChainModel`, a plain-Python record of what the
-engine holds, and (on materialised buffers) a shadow of the bytes every
-written slot must read back. After every rule `healthy()` compares the two;
-each checker returns a list of violations (empty = healthy) and is public, so
-other tests can call them.
+engine holds, and on materialised buffers `ShadowBytes`, the bytes every
+written slot must read back. Writes go through translate + buffer_view; a
+forward's writes land when its event fires, at the physical slots its ids
+had at launch, and its reads are checked there (so a wrong move or an
+early reuse shows up as corrupted bytes). After every rule `healthy()` runs
+the public checkers of chain_checks.
 
-`machine_for(kind)` gives the machine for one pool kind: "eager" and "lazy"
-(`UnifiedPool`), "static" (`StaticPartitionPool`) and "oracle"
-(`OraclePool`, not materialisable: no byte or overlap checks).
+`machine_for(kind)` gives the machine of one pool kind: "eager" and "lazy"
+(`UnifiedPool`), "static" (`StaticPartitionPool`) and "oracle" (`OraclePool`,
+not materialisable: no byte or overlap checks).
 """
 
 from __future__ import annotations
@@ -31,163 +32,28 @@ from hypothesis import assume
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+import chain_checks as checks
 from chain_model import ChainModel
-from unikv import Band, Layout, OraclePool, StaticPartitionPool, UnifiedPool
-from unikv.backends import SimBackend
+from chain_setup import CHAINS, KINDS, KNOWN_BUGS, fit_layout, ids_tensor, known_core_bug, layouts, make_pool
 
-KINDS = ("eager", "lazy", "static", "oracle")
-# Rule steps and examples run per machine class (reported by conftest).
+# Reported by conftest: rule steps and examples per machine class, and what
+# the runs reached (pool counters summed over examples, hazard situations,
+# known bugs stepped around).
 STEPS: collections.Counter = collections.Counter()
 EXAMPLES: collections.Counter = collections.Counter()
-# What the runs reached (pool counters and shortfalls, summed over examples).
 REACHED: collections.Counter = collections.Counter()
-_REACHED_KEYS = ("moves", "relocations", "ladder_runs", "ladder_failures", "settles", "absorbed_pages",
-                 "pending_peak")
-
-# Chain shapes: grow directions low -> high; "state" is an up-growing request band.
-CHAINS = ("down", "up", "up|down", "state|down", "up|float|down", "state|float|down")
-NAMES = {
-    "down": ["full"], "up": ["full"], "up|down": ["swa", "full"], "state|down": ["mamba", "full"],
-    "up|float|down": ["local", "swa", "full"], "state|float|down": ["mamba", "swa", "full"],
-}
-
-
-# -- layouts and pools --
-
-def _not_multiple(e: int, others: list[int]) -> bool:
-    return all(e % x and x % e for x in others)
-
-
-@st.composite
-def layouts(draw, chains=CHAINS) -> Layout:
-    """A valid layout: sizes co-prime enough that no entry size divides
-    another, a buffer of 1-24 pages per token band and 1-12 state slots."""
-    chain = draw(st.sampled_from(chains), label="chain")
-    ps = draw(st.one_of(st.sampled_from([1, 2, 4, 16]), st.integers(1, 64)), label="page_size")
-    bands, entries = [], []
-    for grow, name in zip(chain.split("|"), NAMES[chain]):
-        state = grow == "state"
-        hi = 1200 if state else 160
-        e = draw(st.integers(8, hi).filter(lambda e: _not_multiple(e, entries)), label=f"{name}.entry_bytes")
-        entries.append(e)
-        if state:
-            bands.append(Band(name, entry_bytes=e, grow="up", unit="request"))
-        else:
-            bands.append(Band(name, entry_bytes=e, grow=grow, page_size=ps))
-    counts = [draw(st.integers(1, 12 if b.unit.value == "request" else 24), label=f"{b.name}.pages")
-              for b in bands]
-    max_pb = max(b.page_bytes for b in bands)
-    slack = draw(st.integers(0, max_pb), label="slack_bytes")
-    sink = max([b.entry_bytes for b in bands] + [b.page_bytes for b in bands if b.unit.value == "token"])
-    total = sink + sum(c * b.page_bytes for c, b in zip(counts, bands)) + slack
-    return grow_until_valid(lambda t: Layout(total_bytes=t, bands=bands), total, max_pb)
-
-
-def grow_until_valid(build, total: int, step: int):
-    """`build(total)`, adding `step` bytes until it stops raising ValueError."""
-    for _ in range(64):
-        try:
-            return build(total)
-        except ValueError:
-            total += step
-    return build(total)
-
-
-def make_pool(kind: str, layout: Layout, move_cap: int = 4096):
-    """A pool of `kind` over `layout` (materialised unless the oracle)."""
-    if kind == "oracle":
-        return OraclePool(layout, backend=SimBackend(materialize=False))
-    if kind == "static":
-        return StaticPartitionPool(layout, backend=SimBackend(materialize=True))
-    return UnifiedPool(layout, backend=SimBackend(materialize=True), compaction=kind, move_cap=move_cap)
-
-
-def fit_layout(kind: str, layout: Layout) -> Layout:
-    """The layout grown until `kind` accepts it (a static split needs one
-    page per band inside its equal share)."""
-    step = max(b.page_bytes for b in layout.bands)
-    build = lambda t: make_pool(kind, Layout(total_bytes=t, bands=layout.bands)).layout  # noqa: E731
-    return grow_until_valid(build, layout.total_bytes, step)
-
-
-def ids_tensor(ids) -> torch.Tensor:
-    """int64 ids (an empty Python list would read as float32)."""
-    return torch.tensor(list(ids), dtype=torch.int64)
-
-
-def known_core_bug(kind: str, layout: Layout) -> Optional[str]:
-    """Why the machine skips this set-up (a core bug with an xfail test in
-    test_regressions.py, whose fix will make this return None), or None."""
-    if kind == "oracle":
-        budget = layout.total_bytes - layout.sink_bytes
-        for g in layout:
-            if budget // g.page_bytes > g.usable_pages:
-                return "test_oracle_budget_beyond_page_grid"
-    return None
-
-
-# -- byte patterns --
-
-def pattern(stamps: torch.Tensor, entry_bytes: int) -> torch.Tensor:
-    """`[n, entry_bytes]` uint8 rows, distinct per stamp (its 8 little-endian
-    bytes first, then a stamp-dependent mix)."""
-    s = stamps.to(torch.int64).reshape(-1, 1)
-    j = torch.arange(entry_bytes, dtype=torch.int64).reshape(1, -1)
-    rows = (((s * 2654435761) ^ (j * 40503) ^ (s * j * 97)) >> 5 & 0xFF).to(torch.uint8)
-    k = min(8, entry_bytes)
-    rows[:, :k] = s.contiguous().view(torch.uint8).reshape(-1, 8)[:, :k]
-    return rows
-
-
-def paged_violations(prefix, seq, last, out: torch.Tensor, ps: int, taken: set[int]):
-    """Check paged-alloc ids against tail-page reuse; also return the fresh
-    pages each request got, in position order.
-
-    Positions inside a request's partly filled last page follow `last`;
-    later positions take fresh pages (not in `taken`, one per page of
-    positions, `ceil(seq/ps) - ceil(prefix/ps)` per request).
-    """
-    ids = out.tolist()
-    errs: list[str] = []
-    if len(ids) != sum(s - p for p, s in zip(prefix, seq)):
-        return [f"paged alloc returned {len(ids)} ids for {list(zip(prefix, seq))}"], []
-    fresh_all: list[list[int]] = []
-    seen: set[int] = set()
-    k = 0
-    for p0, s0, l0 in zip(prefix, seq, last):
-        tail_end = -(-p0 // ps) * ps
-        pages: list[int] = []
-        for pos in range(p0, s0):
-            t = ids[k]
-            k += 1
-            if t % ps != pos % ps:
-                errs.append(f"position {pos} got id {t}: offset {t % ps} != {pos % ps}")
-            if pos < tail_end:
-                if t != l0 + pos - p0 + 1:
-                    errs.append(f"tail position {pos} got {t}, expected last_loc {l0} + {pos - p0 + 1}")
-                continue
-            v, idx = t // ps, pos // ps - tail_end // ps
-            if idx == len(pages):
-                if v <= 0 or v in taken or v in seen:
-                    errs.append(f"fresh page {v} (position {pos}) is not a free page")
-                pages.append(v)
-                seen.add(v)
-            elif pages[idx] != v:
-                errs.append(f"position {pos} is on page {v}, its page-mates on {pages[idx]}")
-        want = -(-s0 // ps) - -(-p0 // ps)
-        if len(pages) != want:
-            errs.append(f"request {p0}->{s0} got {len(pages)} fresh pages, expected {want}")
-        fresh_all.append(pages)
-    return errs, fresh_all
+_COUNTERS = ("moves", "relocations", "ladder_runs", "ladder_failures", "settles", "absorbed_pages",
+             "pending_peak")
+FLOAT_BUG = "ladder over a float"
 
 
 @dataclass
 class Forward:
-    """A launched forward: its event, the pages it touches, and its I/O at
-    the physical slots its ids had at launch."""
+    """A launched forward: its event, what it touches, and its I/O at the
+    physical slots its ids had at launch."""
 
     event: object
-    pages: set = field(default_factory=set)  # virtual token pages read or written
+    pages: set = field(default_factory=set)  # virtual token pages it reads or writes
     states: set = field(default_factory=set)  # (band, slot id)
     reads: list = field(default_factory=list)  # (band, physical slots, rows expected there)
     writes: list = field(default_factory=list)  # (band, ids, physical slots, stamps, is_state)
@@ -203,39 +69,38 @@ class ChainMachine(RuleBasedStateMachine):
         super().__init__()
         self.pool = None
 
-    # -- set-up --
-
     @initialize(data=st.data())
     def setup(self, data):
         EXAMPLES[type(self).__name__] += 1
-        layout = data.draw(layouts(self.chains), label="layout")
-        self.layout = fit_layout(self.kind, layout)
-        assume(not known_core_bug(self.kind, self.layout))
-        self.move_cap = data.draw(st.sampled_from([1, 2, 4096]), label="move_cap") if self.kind == "lazy" else 4096
-        self.pool = make_pool(self.kind, self.layout, self.move_cap)
-        pool = self.pool
+        self.layout = fit_layout(self.kind, data.draw(layouts(self.chains), label="layout"))
+        bug = known_core_bug(self.kind, self.layout)
+        if bug:
+            REACHED[f"known bug stepped around: {bug}"] += 1
+        assume(bug is None)
+        self.move_cap = 4096
+        if self.kind == "lazy":
+            self.move_cap = data.draw(st.sampled_from([1, 2, 4096]), label="move_cap")
+        self.pool = pool = make_pool(self.kind, self.layout, self.move_cap)
         self.ps = pool.page_size
         self.token_bands = [b.name for b in self.layout.token_bands]
         self.state_bands = [b.name for b in self.layout.state_bands]
-        self.entry = {b.name: b.entry_bytes for b in self.layout.bands}
-        self.page_bytes = {b.name: b.page_bytes for b in self.layout.bands}
-        self.has_float = self.kind in ("eager", "lazy") and "swa" in self.token_bands and len(self.layout.bands) == 3
+        self.has_float = self.kind in ("eager", "lazy") and len(self.layout.bands) == 3
         self.window = "swa" if "swa" in self.token_bands else self.token_bands[0]
-        self.bytes = pool.buffer is not None
+        # Pages of a coupled alloc the empty buffer could take (+1: a shortfall).
+        self.max_pages = 1 + (self.layout.total_bytes - self.layout.sink_bytes) // sum(
+            b.page_bytes for b in self.layout.token_bands)
         self.sizes = {n: pool.vids.size * self.ps for n in self.token_bands}
         self.sizes.update({n: pool.state_ids[n].size for n in self.state_bands})
-        self.views = {n: pool.buffer_view(n) for n in self.sizes} if self.bytes else {}
-        self.shadow = ({n: torch.zeros(s, self.entry[n], dtype=torch.uint8) for n, s in self.sizes.items()}
-                       if self.bytes else {})
+        self.shadow = checks.ShadowBytes(pool, self.sizes)
         self.model = ChainModel(self.token_bands, self.state_bands, self.ps)
         self.stamp = 1
         self.inflight: Optional[Forward] = None
         self.late: list[str] = []  # violations seen inside event callbacks
 
+    # -- helpers --
+
     def _op(self) -> None:
         STEPS[type(self).__name__] += 1
-
-    # -- helpers: writes, forwards, stats --
 
     def _moves(self) -> int:
         return self.pool.stats()["moves"]
@@ -246,126 +111,96 @@ class ChainMachine(RuleBasedStateMachine):
         return out
 
     def _write(self, band: str, ids: list[int], state: bool = False) -> None:
-        """Write a fresh pattern into `ids` of `band` through translate."""
+        """Write fresh patterns into `ids` of `band` through translate."""
         if not ids:
             return
-        t = torch.tensor(ids, dtype=torch.int64)
-        stamps = self._stamps(len(ids))
-        if self.bytes:
-            rows = pattern(stamps, self.entry[band])
-            self.views[band].index_copy_(0, self.pool.translate(t, band), rows)
-            self.shadow[band].index_copy_(0, t, rows)
+        t, stamps = ids_tensor(ids), self._stamps(len(ids))
+        phys = self.pool.translate(t, band) if self.shadow.materialized else None
+        self.shadow.write(band, t, phys, stamps)
         target = self.model.states[band] if state else self.model.stamps[band]
         target.update(zip(ids, stamps.tolist()))
 
-    def _write_tokens(self, tokens: list[int]) -> None:
-        """Write new tokens on every token band that binds their page."""
-        for band in self.token_bands:
-            self._write(band, [t for t in tokens if band in self.model.pages[t // self.ps].bands])
-
-    def _fire(self) -> None:
-        if self.inflight is not None:
-            self.inflight.event.fire()
-
-    def _settle_for(self, pages=(), states=()) -> None:
-        """The engine never frees what the running forward touches: it
-        waits for the forward first."""
-        f = self.inflight
-        if f is not None and (not f.pages.isdisjoint(pages) or not f.states.isdisjoint(states)):
-            self._fire()
-
-    def _landed(self, fwd: Forward) -> None:
-        """The forward's event fired (from a rule, or a settle inside the
-        pool): its reads must have been undisturbed; its writes land at the
-        slots its ids had at launch."""
-        if self.inflight is fwd:
-            self.inflight = None
-        for band, phys, rows in fwd.reads:
-            got = self.views[band].index_select(0, phys)
-            if not torch.equal(got, rows):
-                bad = (got != rows).any(1)
-                self.late.append(f"[{band}] read hazard: slots {phys[bad][:8].tolist()} changed "
-                                 "while the forward read them")
-        for band, ids, phys, stamps, state in fwd.writes:
-            if self.bytes:
-                rows = pattern(stamps, self.entry[band])
-                self.views[band].index_copy_(0, phys, rows)
-                self.shadow[band].index_copy_(0, ids, rows)
-            target = self.model.states[band] if state else self.model.stamps[band]
-            target.update(zip(ids.tolist(), stamps.tolist()))
-
     def _new_tokens(self, out: torch.Tensor, fresh: list[list[int]], rids: list[int],
                     tokens: list[list[int]]) -> None:
-        """Record a successful paged alloc in the model and write its bytes."""
+        """Record a successful token alloc in the model; write its bytes on
+        every token band that binds the page (a tail page may be released)."""
         for rid, pages, toks in zip(rids, fresh, tokens):
             self.model.bind(pages, rid)
             self.model.reqs[rid].tokens += toks
-        self._write_tokens(out.tolist())
-
-    def _snapshot(self) -> dict:
-        p = self.pool
-        out = {"occ": p.occupancy(), "avail": p.available_size(), "free": p.vids.free.tolist(),
-               "stats": {k: v for k, v in p.stats().items() if k != "bands"}}
-        for name, b in p.bands.items():
-            out[name] = (b.v2p.tolist(), b.p2v.tolist())
-        if self.bytes:
-            out["bytes"] = p.buffer.clone()
-        return out
-
-    @staticmethod
-    def _same(a: dict, b: dict) -> bool:
-        return all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+        ids = out.tolist()
+        for band in self.token_bands:
+            self._write(band, [t for t in ids if band in self.model.pages[t // self.ps].bands])
 
     def _reqs(self, extendable: bool = False, live: bool = False) -> list[int]:
         m = self.model
-        return sorted(r for r in m.reqs if (not extendable or m.extendable(r)) and (not live or m.live_pages(r)))
+        return sorted(r for r in m.reqs
+                      if (not extendable or m.extendable(r)) and (not live or m.live_pages(r)))
+
+    def _room(self) -> list[int]:
+        return [self.pool.available_size()] + [self.pool.available_state(b) for b in self.state_bands]
+
+    def _shortfall(self, room_before: list[int], what: str) -> None:
+        """An alloc returned None: the ladder may have moved pages, but must
+        not leave less no-move room than it found."""
+        room = self._room()
+        if self.has_float and FLOAT_BUG in KNOWN_BUGS:
+            REACHED[f"known bug stepped around: {FLOAT_BUG}"] += any(a < b for a, b in zip(room, room_before))
+            return
+        assert all(a >= b for a, b in zip(room, room_before)), \
+            f"a failed {what} shrank the room {room_before} -> {room}"
 
     def _live_map(self) -> dict:
-        """band -> physical slots of every live page (for 'nothing moved')."""
-        out = {}
-        for band in self.token_bands:
-            pages = sorted(self.model.bound(band))
-            out[band] = self.pool.translate(torch.tensor(pages, dtype=torch.int64) * self.ps, band).tolist()
-        return out
+        """band -> physical page of every live page (to see that nothing moved)."""
+        return {band: self.pool.translate(ids_tensor(sorted(self.model.bound(band))) * self.ps, band).tolist()
+                for band in self.token_bands}
 
     # -- token allocs --
 
     @rule(data=st.data())
     def alloc(self, data):
-        """Plain alloc of a new request."""
+        """Plain alloc of a new request: page-structured ids on free pages."""
         self._op()
-        k = data.draw(st.integers(0, 4), label="pages")
+        k = data.draw(st.integers(0, self.max_pages), label="pages")
+        room = self._room()
         out = self.pool.alloc(k * self.ps)
         if out is None:
-            return
+            return self._shortfall(room, f"alloc({k * self.ps})")
         rows = out.reshape(k, self.ps)
-        pages = rows[:, 0] // self.ps if k else torch.zeros(0, dtype=torch.int64)
-        want = pages[:, None] * self.ps + torch.arange(self.ps)
-        assert torch.equal(rows, want), f"alloc({k * self.ps}) ids are not page-structured: {out.tolist()}"
+        pages = rows[:, 0] // self.ps
+        assert torch.equal(rows, pages[:, None] * self.ps + torch.arange(self.ps)), \
+            f"alloc({k * self.ps}) ids are not page-structured: {out.tolist()}"
         fresh = pages.tolist()
         assert len(set(fresh)) == k and not set(fresh) & set(self.model.pages) and 0 not in fresh, \
-            f"alloc handed out pages {fresh} that are live (model: {sorted(self.model.pages)})"
-        rid = self.model.new_request()
-        self._new_tokens(out, [fresh], [rid], [out.tolist()])
+            f"alloc handed out pages {fresh}; live {sorted(self.model.pages)}"
+        self._new_tokens(out, [fresh], [self.model.new_request()], [out.tolist()])
 
     @rule(data=st.data())
     def extend(self, data):
         """Batched alloc_extend: chunked prefill of live requests (tail page
         reused) plus new requests with prefix 0."""
         self._op()
-        olds = data.draw(st.lists(st.sampled_from(self._reqs(extendable=True)), unique=True, max_size=3)
-                         if self._reqs(extendable=True) else st.just([]), label="requests")
+        self._extend(data)
+
+    def _extend(self, data, olds: Optional[list[int]] = None) -> Optional[tuple[list[int], list[int]]]:
+        """One alloc_extend; the batch's request ids and new token ids, or
+        None on a shortfall."""
+        if olds is None:
+            olds = data.draw(st.lists(st.sampled_from(self._reqs(extendable=True)), unique=True, max_size=3)
+                             if self._reqs(extendable=True) else st.just([]), label="requests")
         new = data.draw(st.integers(0 if olds else 1, 2), label="new requests")
-        adds = [data.draw(st.integers(0, 2 * self.ps + 3), label="tokens") for _ in range(len(olds) + new)]
+        most = max(2 * self.ps + 3, self.max_pages * self.ps // 2)
+        adds = [data.draw(st.integers(0, most), label="tokens") for _ in range(len(olds) + new)]
         reqs = [self.model.reqs[r] for r in olds]
         prefix = [len(r.tokens) for r in reqs] + [0] * new
         seq = [p + a for p, a in zip(prefix, adds)]
         last = [r.tokens[-1] if r.tokens else 0 for r in reqs] + [0] * new
         hint = data.draw(st.booleans(), label="pass extend_num_tokens")
+        room = self._room()
         out = self.pool.alloc_extend(prefix, seq, last, sum(adds) if hint else None)
         if out is None:
-            return
-        errs, fresh = paged_violations(prefix, seq, last, out, self.ps, set(self.model.pages))
+            self._shortfall(room, "alloc_extend")
+            return None
+        errs, fresh = checks.paged_violations(prefix, seq, last, out, self.ps, set(self.model.pages))
         assert not errs, "\n".join(errs)
         rids = olds + [self.model.new_request() for _ in range(new)]
         ids, chunks = out.tolist(), []
@@ -373,6 +208,7 @@ class ChainMachine(RuleBasedStateMachine):
             chunks.append(ids[:a])
             ids = ids[a:]
         self._new_tokens(out, fresh, rids, chunks)
+        return rids, out.tolist()
 
     @precondition(lambda self: self._reqs(extendable=True))
     @rule(data=st.data())
@@ -381,16 +217,22 @@ class ChainMachine(RuleBasedStateMachine):
         self._op()
         self._decode(data)
 
-    def _decode(self, data) -> Optional[list[int]]:
-        rids = data.draw(st.lists(st.sampled_from(self._reqs(extendable=True)), unique=True,
-                                  min_size=1, max_size=6), label="batch")
+    def _decode(self, data, rids: Optional[list[int]] = None) -> Optional[list[int]]:
+        if rids is None:
+            rids = data.draw(st.lists(st.sampled_from(self._reqs(extendable=True)), unique=True,
+                                      min_size=1, max_size=6), label="batch")
+        if not rids:
+            return None
         reqs = [self.model.reqs[r] for r in rids]
         seq = [len(r.tokens) + 1 for r in reqs]
         last = [r.tokens[-1] if r.tokens else 0 for r in reqs]
+        room = self._room()
         out = self.pool.alloc_decode(seq, last)
         if out is None:
-            return
-        errs, fresh = paged_violations([s - 1 for s in seq], seq, last, out, self.ps, set(self.model.pages))
+            self._shortfall(room, "alloc_decode")
+            return None
+        prefix = [s - 1 for s in seq]
+        errs, fresh = checks.paged_violations(prefix, seq, last, out, self.ps, set(self.model.pages))
         assert not errs, "\n".join(errs)
         self._new_tokens(out, fresh, rids, [[t] for t in out.tolist()])
         return rids
@@ -402,10 +244,11 @@ class ChainMachine(RuleBasedStateMachine):
     def free_request(self, data):
         """Finish a request: free every live page of it."""
         self._op()
-        rid = data.draw(st.sampled_from(self._reqs()), label="request")
-        pages = self.model.live_pages(rid)
+        self._free_request(data.draw(st.sampled_from(self._reqs()), label="request"))
+
+    def _free_request(self, rid: int) -> None:
         ids = [t for t in self.model.reqs[rid].tokens if self.model.owns(rid, t // self.ps)]
-        self._settle_for(pages)
+        self._settle_for(self.model.live_pages(rid))
         m0 = self._moves()
         moves = self.pool.free(ids_tensor(ids))
         assert moves == self._moves() - m0, f"free returned {moves} moves, stats say {self._moves() - m0}"
@@ -416,46 +259,44 @@ class ChainMachine(RuleBasedStateMachine):
     def free_pages(self, data):
         """Free a random subset of one request's pages (any id of a page)."""
         self._op()
-        rid = data.draw(st.sampled_from(self._reqs(live=True)), label="request")
+        self._free_some_pages(data.draw(st.sampled_from(self._reqs(live=True)), label="request"), data)
+
+    def _free_some_pages(self, rid: int, data) -> None:
         pages = data.draw(st.lists(st.sampled_from(self.model.live_pages(rid)), min_size=1, unique=True),
                           label="pages")
         toks = self.model.reqs[rid].tokens
-        ids = [data.draw(st.sampled_from([t for t in toks if t // self.ps == v])) for v in pages]
+        ids = [data.draw(st.sampled_from([t for t in toks if t // self.ps == v]), label="id") for v in pages]
         self._settle_for(pages)
         m0 = self._moves()
-        moves = self.pool.free(ids)
-        assert moves == self._moves() - m0
+        assert self.pool.free(ids) == self._moves() - m0
         self.model.free(pages)
 
     @precondition(lambda self: len(self.token_bands) > 1 and self._reqs(live=True))
     @rule(data=st.data())
     def ratchet(self, data):
         """Window ratchet on the swa band: release the request's positions
-        that left a window of W tokens (from the first one still bound)."""
+        that left a window of W tokens, from the first one still bound there
+        (its ids may start mid-page)."""
         self._op()
         rid = data.draw(st.sampled_from(self._reqs(live=True)), label="request")
         window = data.draw(st.integers(0, 2 * self.ps + 3), label="window")
-        toks, band = self.model.reqs[rid].tokens, self.window
-        bound = self.model.bound(band)
+        toks, bound = self.model.reqs[rid].tokens, self.model.bound(self.window)
         live = set(self.model.live_positions(rid))
         start = next((i for i in sorted(live) if toks[i] // self.ps in bound), None)
-        if start is None:
-            return
         cut = (len(toks) - window) // self.ps * self.ps
         end = start
-        while end < cut and end in live:
+        while start is not None and end < cut and end in live:
             end += 1
-        if end <= start:
+        if start is None or end <= start:
             return
         offset = data.draw(st.integers(0, min(self.ps - 1, end - start - 1)), label="offset")
-        run = toks[start + offset:end]
-        self._release(band, run, start + offset, data)
+        self._release(self.window, toks[start + offset:end], start + offset, data)
 
     @precondition(lambda self: len(self.token_bands) > 1 and self._reqs(live=True))
     @rule(data=st.data())
     def release_pages(self, data):
         """Tombstone a contiguous run of one request's positions on any token
-        band (pages released there already are skipped)."""
+        band (pages already released there are skipped)."""
         self._op()
         rid = data.draw(st.sampled_from(self._reqs(live=True)), label="request")
         band = data.draw(st.sampled_from(self.token_bands), label="band")
@@ -486,12 +327,13 @@ class ChainMachine(RuleBasedStateMachine):
         self._op()
         band = data.draw(st.sampled_from(self.state_bands), label="band")
         n = data.draw(st.integers(0, 3), label="slots")
+        room = self._room()
         ids = self.pool.alloc_state(band, n)
         if ids is None:
-            return
+            return self._shortfall(room, f"alloc_state({band}, {n})")
         got = ids.tolist()
-        assert len(got) == n and len(set(got)) == n and not set(got) & set(self.model.states[band]) \
-            and 0 not in got, f"alloc_state handed out {got}; live {sorted(self.model.states[band])}"
+        assert len(set(got)) == n and not set(got) & set(self.model.states[band]) and 0 not in got, \
+            f"alloc_state handed out {got}; live {sorted(self.model.states[band])}"
         self._write(band, got, state=True)
 
     @precondition(lambda self: any(self.model.states.values()))
@@ -511,21 +353,27 @@ class ChainMachine(RuleBasedStateMachine):
 
     @rule(urgent=st.booleans())
     def flush(self, urgent):
-        """flush(urgent) returns its moves; an urgent flush realises at least
-        the schedulable view."""
+        """flush(urgent) returns its moves; without a float, an urgent flush
+        realises at least the schedulable view and an idle flush never
+        shrinks available_size()."""
         self._op()
-        idle = self.inflight is None
-        before = self.pool.available_size()
-        sched = self.pool.available_size(schedulable=True)
+        self._flush(urgent)
+
+    def _flush(self, urgent: bool) -> None:
+        idle, pool = self.inflight is None, self.pool
+        before, sched = pool.available_size(), pool.available_size(schedulable=True)
+        holes = sum(b["hole_pages"] for b in pool.occupancy()["bands"].values())
         m0 = self._moves()
-        moves = self.pool.flush(urgent=urgent)
+        moves = pool.flush(urgent=urgent)
         assert moves == self._moves() - m0, f"flush returned {moves}, stats moved {self._moves() - m0}"
-        after = self.pool.available_size()
+        if not urgent and not idle:
+            REACHED.update({"non-urgent flushes under a forward": 1,
+                            "... with holes": int(holes > 0), "... moving pages": int(moves > 0)})
         if self.has_float:
-            # Absorbing a float's boundary hole can lower the no-move joint
-            # capacity (a hole serves any take; a gap only one side's): see
-            # docs/fuzzing.md. The ladder's contract is probed instead.
+            # Absorbing a float's boundary holes can lower the no-move joint
+            # room (docs/fuzzing.md); the ladder's contract is probed instead.
             return
+        after = pool.available_size()
         if urgent:
             assert after >= sched, f"urgent flush left available_size {after} < schedulable {sched}"
         elif idle:
@@ -534,44 +382,42 @@ class ChainMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.has_float)
     @rule(side=st.sampled_from(["low", "high"]), data=st.data())
     def make_room(self, side, data):
-        """make_room opens what it reports (checked against occupancy), and
-        changes nothing when it reports failure."""
+        """make_room opens what it reports (checked against occupancy); when
+        it reports failure the float's free bytes are short and nothing moved."""
         self._op()
         total = self.layout.total_bytes
         min_bytes = data.draw(st.one_of(st.integers(0, total // 8), st.integers(0, total)), label="min_bytes")
         before, m0 = self._live_map(), self._moves()
         got = self.pool.make_room(side, min_bytes)
         occ = self.pool.occupancy()["bands"]
-        flt = occ["swa"]
-        below, above = self.layout.names[0], self.layout.names[2]
+        below, flt, above = (occ[n] for n in self.layout.names)
         if got < min_bytes:
             assert self._moves() == m0 and self._live_map() == before, \
                 f"make_room({side}, {min_bytes}) failed ({got}) but moved pages"
-            assert self._float_free_bytes() < min_bytes, \
-                f"make_room({side}, {min_bytes}) gave up at {got} with {self._float_free_bytes()} free float bytes"
+            free = self._float_free_bytes(occ)
+            assert free < min_bytes, f"make_room({side}, {min_bytes}) gave up at {got}; {free} bytes are free"
         elif not flt["transparent"]:
-            gap = (flt["low_byte"] - occ[below]["high_byte"] if side == "low"
-                   else occ[above]["low_byte"] - flt["high_byte"])
+            gap = (flt["low_byte"] - below["high_byte"] if side == "low"
+                   else above["low_byte"] - flt["high_byte"])
             assert gap >= got, f"make_room({side}) reports {got} open bytes, occupancy shows {gap}"
 
-    def _float_free_bytes(self) -> int:
-        """Free bytes of the float's grid between its neighbours, recomputed
-        from occupancy and the layout's geometry."""
-        occ = self.pool.occupancy()["bands"]
-        g = self.layout.geometry("swa")
-        pb = g.page_bytes
-        lo = max(g.min_page, -(-occ[self.layout.names[0]]["high_byte"] // pb))
-        hi = min(g.num_pages, occ[self.layout.names[2]]["low_byte"] // pb)
-        return max(0, hi - lo - occ["swa"]["live_pages"]) * pb
+    def _float_free_bytes(self, occ: dict) -> int:
+        """Free whole pages of the float's grid between its neighbours, in
+        bytes, from occupancy and the layout's geometry."""
+        low, name, high = self.layout.names
+        g = self.layout.geometry(name)
+        lo = max(g.min_page, -(-occ[low]["high_byte"] // g.page_bytes))
+        hi = min(g.num_pages, occ[high]["low_byte"] // g.page_bytes)
+        return max(0, hi - lo - occ[name]["live_pages"]) * g.page_bytes
 
     @precondition(lambda self: self.has_float)
     @rule(side=st.sampled_from(["low", "high"]))
     def compact_holes(self, side):
+        """compact_holes returns its moves and leaves the float dense."""
         self._op()
         m0 = self._moves()
-        moves = self.pool.compact_holes(side)
-        assert moves == self._moves() - m0
-        flt = self.pool.occupancy()["bands"]["swa"]
+        assert self.pool.compact_holes(side) == self._moves() - m0
+        flt = self.pool.occupancy()["bands"][self.layout.names[1]]
         assert flt["hole_pages"] == 0 and flt["occupied_bytes"] == flt["live_bytes"], \
             f"compact_holes({side}) left {flt}"
 
@@ -585,23 +431,80 @@ class ChainMachine(RuleBasedStateMachine):
         slots (the engine finishes the previous forward first)."""
         self._op()
         self._fire()
-        batch = data.draw(st.lists(st.sampled_from(self._reqs(live=True)), unique=True, max_size=4)
-                          if self._reqs(live=True) else st.just([]), label="batch")
-        mine = sorted({t for r in batch for t in self.model.reqs[r].tokens} & set(self.model.live_tokens()))
+        live = self._reqs(live=True)
+        batch = data.draw(st.lists(st.sampled_from(live), unique=True, max_size=4) if live else st.just([]),
+                          label="batch")
+        mine = self._written(batch)
         writes = data.draw(st.lists(st.sampled_from(mine), unique=True, max_size=8) if mine else st.just([]),
                            label="write ids")
         self._launch(batch, writes, self._draw_state_writes(data))
 
-    @precondition(lambda self: self._reqs(extendable=True))
-    @rule(data=st.data())
-    def serve(self, data):
-        """One engine step: decode a batch, launch its forward (it writes
-        the new tokens and the batch's state slots, reads the batch)."""
+    @precondition(lambda self: self.inflight is not None)
+    @rule()
+    def fire(self):
+        """The in-flight forward finishes."""
         self._op()
         self._fire()
-        batch = self._decode(data)
+
+    @precondition(lambda self: self._reqs(live=True))
+    @rule(data=st.data())
+    def overlap_step(self, data):
+        """An engine step with overlap scheduling. Requests that finished
+        last step (one or two, when others run) leave the batch; the rest
+        (or some) decode, or a few prefill a chunk (with new requests), and
+        the forward launches: it reads the batch and writes its new tokens,
+        or some slots, or none. While it runs, for 1-4 rounds, the scheduler
+        frees a finished request (or some of its pages), flushes
+        non-urgently and admits new tokens. The forward stays in flight."""
+        self._op()
+        self._fire()
+        live = self._reqs(live=True)
+        finished = data.draw(st.lists(st.sampled_from(live), unique=True, min_size=int(len(live) > 1),
+                                      max_size=2), label="finished")
+        batch, new = self._step_batch(data, [r for r in self._reqs(extendable=True) if r not in finished])
+        mode = data.draw(st.sampled_from(["new tokens", "some", "none"]), label="forward writes")
+        mine = self._written(batch)
+        if mode == "new tokens":
+            writes = new
+        elif mode == "some" and mine:
+            writes = data.draw(st.lists(st.sampled_from(mine), unique=True, max_size=4), label="write ids")
+        else:
+            writes = []
         if batch:
-            self._launch(batch, [self.model.reqs[r].tokens[-1] for r in batch], self._draw_state_writes(data))
+            self._launch(batch, writes, self._draw_state_writes(data))
+        for i in range(data.draw(st.integers(1, 4), label="scheduler rounds")):
+            self._scheduler_round(data, [r for r in finished if r in self.model.reqs], first=i == 0)
+
+    def _step_batch(self, data, running: list[int]) -> tuple[list[int], list[int]]:
+        """Decode `running` (or a subset), or prefill a chunk of a few of
+        them; the batch and its new token ids (none on a shortfall)."""
+        if not data.draw(st.booleans(), label="whole batch") and running:
+            running = data.draw(st.lists(st.sampled_from(running), unique=True, min_size=1), label="batch")
+        if data.draw(st.booleans(), label="prefill step"):
+            got = self._extend(data, olds=running[:3])
+            return got if got is not None else (running, [])
+        if self._decode(data, running):
+            return running, [self.model.reqs[r].tokens[-1] for r in running]
+        return running, []
+
+    def _scheduler_round(self, data, finished: list[int], first: bool) -> None:
+        """Free (some of) a finished request (always in the first round),
+        flush non-urgently, maybe admit new tokens."""
+        ways = ["a request", "some pages"] if first else ["nothing", "a request", "some pages"]
+        how = data.draw(st.sampled_from(ways) if finished else st.just("nothing"), label="free")
+        if how == "a request":
+            self._free_request(data.draw(st.sampled_from(finished), label="request"))
+        elif how == "some pages" and any(self.model.live_pages(r) for r in finished):
+            live = [r for r in finished if self.model.live_pages(r)]
+            rid = data.draw(st.sampled_from(live), label="request")
+            self._free_some_pages(rid, data)
+        self._flush(urgent=False)
+        if data.draw(st.booleans(), label="admit"):
+            self._extend(data)
+
+    def _written(self, batch: list[int]) -> list[int]:
+        """Token ids of `batch` with bytes written on some band."""
+        return sorted({t for r in batch for t in self.model.reqs[r].tokens} & set(self.model.live_tokens()))
 
     def _draw_state_writes(self, data) -> dict:
         out = {}
@@ -612,13 +515,15 @@ class ChainMachine(RuleBasedStateMachine):
         return out
 
     def _launch(self, batch: list[int], writes: list[int], states: dict) -> None:
+        """Declare the forward: plan its I/O at today's physical slots, make
+        its event land the writes, tell the pool."""
         fwd = Forward(self.pool.backend.new_event("forward"))
         mine = {t for r in batch for t in self.model.reqs[r].tokens}
         for band in self.token_bands:
             stamps = self.model.stamps[band]
-            r = sorted(mine & stamps.keys())
-            fwd.pages |= {t // self.ps for t in r}
-            self._plan(fwd, band, r, [t for t in writes if t in stamps], state=False)
+            reads = sorted(mine & stamps.keys())
+            fwd.pages |= {t // self.ps for t in reads}
+            self._plan(fwd, band, reads, [t for t in writes if t in stamps], state=False)
         for band, w in states.items():
             fwd.states |= {(band, s) for s in w}
             self._plan(fwd, band, w, w, state=True)
@@ -628,19 +533,41 @@ class ChainMachine(RuleBasedStateMachine):
                                        state_write_ids={b: ids_tensor(w) for b, w in states.items() if w})
 
     def _plan(self, fwd: Forward, band: str, reads: list[int], writes: list[int], state: bool) -> None:
-        if self.bytes and reads:
-            r = torch.tensor(reads, dtype=torch.int64)
-            fwd.reads.append((band, self.pool.translate(r, band), self.shadow[band].index_select(0, r)))
+        if self.shadow.materialized and reads:
+            r = ids_tensor(reads)
+            fwd.reads.append((band, self.pool.translate(r, band), self.shadow.expected(band, r)))
         if writes:
-            w = torch.tensor(writes, dtype=torch.int64)
-            phys = self.pool.translate(w, band) if self.bytes else None
+            w = ids_tensor(writes)
+            phys = self.pool.translate(w, band) if self.shadow.materialized else None
             fwd.writes.append((band, w, phys, self._stamps(len(writes)), state))
 
-    @precondition(lambda self: self.inflight is not None)
-    @rule()
-    def fire(self):
-        self._op()
-        self._fire()
+    def _landed(self, fwd: Forward) -> None:
+        """The event fired (from a rule, or a settle inside the pool): the
+        forward's reads must have been undisturbed; its writes land at the
+        slots its ids had at launch."""
+        if self.inflight is fwd:
+            self.inflight = None
+        for band, phys, rows in fwd.reads:
+            got = self.shadow.read(band, phys)
+            if not torch.equal(got, rows):
+                bad = (got != rows).any(1)
+                self.late.append(f"[{band}] read hazard: slots {phys[bad][:8].tolist()} changed "
+                                 "while the forward read them")
+        for band, ids, phys, stamps, state in fwd.writes:
+            self.shadow.write(band, ids, phys, stamps)
+            target = self.model.states[band] if state else self.model.stamps[band]
+            target.update(zip(ids.tolist(), stamps.tolist()))
+
+    def _fire(self) -> None:
+        if self.inflight is not None:
+            self.inflight.event.fire()
+
+    def _settle_for(self, pages=(), states=()) -> None:
+        """The engine never frees what the running forward touches: it
+        waits for the forward first."""
+        f = self.inflight
+        if f is not None and (not f.pages.isdisjoint(pages) or not f.states.isdisjoint(states)):
+            self._fire()
 
     # -- capacity probes --
 
@@ -651,42 +578,30 @@ class ChainMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def probe_above(self, data):
-        """alloc(available_size() + page_size) fits only through the ladder."""
+        """alloc(available_size() + page_size) fits only through the ladder,
+        else returns None (nothing allocated, every live page intact)."""
         self._probe("above", data)
 
     @rule(data=st.data())
     def probe_schedulable(self, data):
-        """alloc(available_size(schedulable=True)) fits (through the ladder):
-        the schedulable view is what the ladder realises."""
+        """alloc(available_size(schedulable=True)) fits: the schedulable view
+        is what the ladder realises."""
         self._probe("schedulable", data)
 
     def _probe(self, mode: str, data) -> None:
         self._op()
         ps, pool = self.ps, self.pool
         n = pool.available_size()
-        assert n % ps == 0, f"available_size() {n} is not a multiple of page_size {ps}"
-        if mode == "schedulable":
-            want = pool.available_size(schedulable=True)
-        elif mode == "above":
-            want = n + ps
+        if mode == "below":
+            want = data.draw(st.integers(0, n // ps), label="pages") * ps
         else:
-            want = n if mode == "exact" else data.draw(st.integers(0, n // ps), label="pages") * ps
-        s0 = pool.stats()
+            want = {"exact": n, "above": n + ps, "schedulable": pool.available_size(schedulable=True)}[mode]
+        s0, room = pool.stats(), self._room()
         out = pool.alloc(want)
         s1 = pool.stats()
-        ladder = s1["ladder_runs"] - s0["ladder_runs"]
-        if mode in ("exact", "below"):
-            assert out is not None, f"alloc({want}) <= available_size() {n} returned None"
-            assert ladder == 0 and s1["moves"] == s0["moves"], \
-                f"alloc({want}) <= available_size() {n} needed the ladder ({s1['moves'] - s0['moves']} moves)"
-        elif mode == "above" and out is not None:
-            assert ladder == 1 and s1["ladder_failures"] == s0["ladder_failures"], \
-                f"alloc(available_size() + page_size = {want}) fit without the ladder: available_size() is short"
-        elif mode == "schedulable":
-            assert out is not None, f"alloc(available_size(schedulable=True) = {want}) returned None " \
-                                    f"(available_size() = {n})"
+        self._check_probe(mode, f"alloc({want}) with available_size() = {n}", out is not None, s0, s1)
         if out is None:
-            return
+            return self._shortfall(room, f"alloc({want})")
         rid = self.model.new_request()
         self._new_tokens(out, [sorted({t // ps for t in out.tolist()})], [rid], [out.tolist()])
         if not data.draw(st.booleans(), label="keep"):
@@ -696,55 +611,49 @@ class ChainMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.state_bands)
     @rule(data=st.data())
     def probe_state(self, data):
-        """available_state() is exact, as available_size() is for tokens."""
+        """available_state() is exact (n fits with no ladder, n + 1 only
+        through it) and the schedulable view is what the ladder realises."""
         self._op()
         band = data.draw(st.sampled_from(self.state_bands), label="band")
         pool = self.pool
         n = pool.available_state(band)
-        above = data.draw(st.booleans(), label="one more")
-        s0 = pool.stats()
-        ids = pool.alloc_state(band, n + int(above))
+        mode = data.draw(st.sampled_from(["exact", "above", "schedulable"]), label="mode")
+        want = {"exact": n, "above": n + 1, "schedulable": pool.available_state(band, schedulable=True)}[mode]
+        s0, room = pool.stats(), self._room()
+        ids = pool.alloc_state(band, want)
         s1 = pool.stats()
-        ladder = s1["ladder_runs"] - s0["ladder_runs"]
-        if not above:
-            assert ids is not None and ladder == 0 and s1["moves"] == s0["moves"], \
-                f"alloc_state({band}, available_state() = {n}) needed the ladder or failed"
-        elif ids is not None:
-            assert ladder == 1, f"alloc_state({band}, {n + 1}) fit without the ladder: available_state() is short"
+        call = f"alloc_state({band}, {want}) with available_state() = {n}"
+        self._check_probe(mode, call, ids is not None, s0, s1)
         if ids is None:
-            return
+            return self._shortfall(room, f"alloc_state({band}, {want})")
         got = ids.tolist()
         assert not set(got) & set(self.model.states[band]), f"alloc_state handed out live slots {got}"
         self._write(band, got, state=True)
         if not data.draw(st.booleans(), label="keep"):
-            pool.free_state(band, ids_tensor(got))
+            pool.free_state(band, got)
             for s in got:
                 del self.model.states[band][s]
+
+    def _check_probe(self, mode: str, call: str, ok: bool, s0: dict, s1: dict) -> None:
+        ladder, moved = s1["ladder_runs"] - s0["ladder_runs"], s1["moves"] - s0["moves"]
+        if mode in ("exact", "below"):
+            assert ok and ladder == 0 and moved == 0, f"{call}: fit={ok}, ladder runs {ladder}, moves {moved}"
+        elif mode == "above" and ok:
+            assert ladder == 1 and s1["ladder_failures"] == s0["ladder_failures"], \
+                f"{call} fit without the ladder: the capacity view is short"
+        elif mode == "schedulable" and not ok:
+            assert self.has_float and FLOAT_BUG in KNOWN_BUGS, \
+                f"{call}: the schedulable view was not realised"
+            REACHED[f"known bug stepped around: {FLOAT_BUG}"] += 1
 
     # -- bad input --
 
     @rule(data=st.data())
     def bad_call(self, data):
-        """A call rejected for bad arguments leaves the state unchanged."""
+        """A call rejected for bad arguments raises ValueError and leaves the
+        pool unchanged (tables, free ids, occupancy, counters, bytes)."""
         self._op()
-        pool, ps = self.pool, self.ps
-        dead = [v for v in range(1, pool.vids.size) if v not in self.model.pages]
-        calls = []
-        if dead:
-            v = data.draw(st.sampled_from(dead), label="dead page")
-            calls.append(lambda: pool.free([v * ps]))
-        if ps > 1:
-            calls.append(lambda: pool.alloc(ps + 1))
-        if self.state_bands:
-            calls.append(lambda: pool.release([ps], band=self.state_bands[0]))
-            free_slots = [s for s in range(1, self.sizes[self.state_bands[0]])
-                          if s not in self.model.states[self.state_bands[0]]]
-            if free_slots:
-                calls.append(lambda: pool.free_state(self.state_bands[0], free_slots[:1]))
-        tails = [r for r in self._reqs(extendable=True) if len(self.model.reqs[r].tokens) % ps]
-        if tails:
-            toks = self.model.reqs[tails[0]].tokens
-            calls.append(lambda: pool.alloc_extend([len(toks)], [len(toks) + 1], [toks[-1] + 1]))
+        calls = self._bad_calls(data)
         if not calls:
             return
         call = data.draw(st.sampled_from(calls), label="call")
@@ -755,7 +664,38 @@ class ChainMachine(RuleBasedStateMachine):
             pass
         else:
             raise AssertionError("a bad call was accepted")
-        assert self._same(before, self._snapshot()), "a rejected call changed the pool"
+        after = self._snapshot()
+        assert all(torch.equal(before[k], after[k]) if isinstance(before[k], torch.Tensor)
+                   else before[k] == after[k] for k in before), "a rejected call changed the pool"
+
+    def _bad_calls(self, data) -> list:
+        pool, ps, calls = self.pool, self.ps, []
+        dead = [v for v in range(1, pool.vids.size) if v not in self.model.pages]
+        if dead:
+            v = data.draw(st.sampled_from(dead), label="dead page")
+            calls.append(lambda: pool.free([v * ps]))  # never allocated, or freed already
+        if ps > 1:
+            calls.append(lambda: pool.alloc(ps + 1))
+        for band in self.state_bands:
+            calls.append(lambda band=band: pool.release([ps], band=band))
+            idle = [s for s in range(1, self.sizes[band]) if s not in self.model.states[band]]
+            if idle:
+                calls.append(lambda band=band, s=idle[0]: pool.free_state(band, [s]))
+        tails = [r for r in self._reqs(extendable=True) if len(self.model.reqs[r].tokens) % ps]
+        if tails:
+            toks = self.model.reqs[tails[0]].tokens  # last_loc one slot past the prefix end
+            calls.append(lambda: pool.alloc_extend([len(toks)], [len(toks) + 1], [toks[-1] + 1]))
+        return calls
+
+    def _snapshot(self) -> dict:
+        p = self.pool
+        out = {"occ": p.occupancy(), "avail": checks.capacity_views(p), "free": p.vids.free.tolist(),
+               "stats": {k: v for k, v in p.stats().items() if k != "bands"}}
+        for name, b in p.bands.items():
+            out[name] = (b.v2p.tolist(), b.p2v.tolist())
+        if p.buffer is not None:
+            out["bytes"] = p.buffer.clone()
+        return out
 
     # -- drain / clear --
 
@@ -765,150 +705,26 @@ class ChainMachine(RuleBasedStateMachine):
         self._op()
         self._fire()
         for rid in self._reqs():
-            ids = [t for t in self.model.reqs[rid].tokens if self.model.owns(rid, t // self.ps)]
-            self.pool.free(ids_tensor(ids))
-            self.model.drop_request(rid)
+            self._free_request(rid)
         for band in self.state_bands:
             if self.model.states[band]:
                 self.pool.free_state(band, sorted(self.model.states[band]))
                 self.model.states[band].clear()
         self.pool.flush(urgent=True)
-        # A static split keeps its fill watermark (known core bug, xfail in
-        # tests/unikv/test_soak.py): compare its occupancy only after clear().
-        errs = self.fresh_violations(occupancy=self.kind != "static")
+        errs = checks.fresh_violations(self.pool, make_pool(self.kind, self.layout, self.move_cap))
         assert not errs, "\n".join(errs)
 
     @rule()
     def clear(self):
+        """clear() (after the forward finished) gives a fresh pool."""
         self._op()
         self._fire()
         self.pool.clear()
         self.model.clear()
-        errs = self.fresh_violations()
+        errs = checks.fresh_violations(self.pool, make_pool(self.kind, self.layout, self.move_cap))
         assert not errs, "\n".join(errs)
 
-    def fresh_violations(self, occupancy: bool = True) -> list[str]:
-        """Differences between the pool and a fresh pool of the same layout."""
-        fresh = make_pool(self.kind, self.layout, self.move_cap)
-        pool, out = self.pool, []
-        if occupancy and pool.occupancy() != fresh.occupancy():
-            out.append(f"occupancy {pool.occupancy()} != fresh {fresh.occupancy()}")
-        for sched in (False, True):
-            if pool.available_size(sched) != fresh.available_size(sched):
-                out.append(f"available_size({sched}) {pool.available_size(sched)} != fresh "
-                           f"{fresh.available_size(sched)}")
-        for band in self.state_bands:
-            if pool.available_state(band) != fresh.available_state(band):
-                out.append(f"available_state({band}) {pool.available_state(band)} != fresh")
-        for name in pool.bands:
-            a, b = pool.bands[name], fresh.bands[name]
-            if not (torch.equal(a.v2p, b.v2p) and torch.equal(a.p2v, b.p2v)):
-                out.append(f"[{name}] tables differ from a fresh pool's")
-        if sorted(pool.vids.free.tolist()) != sorted(fresh.vids.free.tolist()):
-            out.append("free virtual ids differ from a fresh pool's")
-        return out
-
-    # -- checkers (public; each returns violations) --
-
-    def table_violations(self) -> list[str]:
-        """Bound pages / slots per band, free id counts and byte budgets
-        against the model."""
-        pool, model, ps, out = self.pool, self.model, self.ps, []
-        occ = pool.occupancy()["bands"]
-        every_page = torch.arange(1, pool.vids.size, dtype=torch.int64)
-        for band in self.token_bands:
-            phys = pool.translate(every_page * ps, band)
-            got = set((every_page[phys != 0]).tolist())
-            want = model.bound(band)
-            if got != want:
-                out.append(f"[{band}] bound pages differ from the model: pool-only "
-                           f"{sorted(got - want)[:8]}, model-only {sorted(want - got)[:8]}")
-            if occ[band]["live_bytes"] != len(want) * self.page_bytes[band]:
-                out.append(f"[{band}] live_bytes {occ[band]['live_bytes']} != {len(want)} pages "
-                           f"x {self.page_bytes[band]}")
-        if self.token_bands and pool.vids.free_count != pool.vids.size - 1 - len(model.pages):
-            out.append(f"free virtual ids {pool.vids.free_count} != {pool.vids.size - 1} - "
-                       f"{len(model.pages)} live")
-        for band in self.state_bands:
-            every = torch.arange(1, self.sizes[band], dtype=torch.int64)
-            got = set(every[pool.translate(every, band) != 0].tolist())
-            want = set(model.states[band])
-            if got != want:
-                out.append(f"[{band}] live slots differ from the model: pool-only "
-                           f"{sorted(got - want)[:8]}, model-only {sorted(want - got)[:8]}")
-            if occ[band]["live_bytes"] != len(want) * self.entry[band]:
-                out.append(f"[{band}] live_bytes {occ[band]['live_bytes']} != {len(want)} slots")
-            if pool.state_ids[band].free_count != self.sizes[band] - 1 - len(want):
-                out.append(f"[{band}] free slot ids do not match the model")
-        return out
-
-    def byte_violations(self) -> list[str]:
-        """Every written live slot reads back the bytes last written to it."""
-        if not self.bytes:
-            return []
-        out = []
-        for band in self.token_bands + self.state_bands:
-            src = self.model.states[band] if band in self.state_bands else self.model.stamps[band]
-            if not src:
-                continue
-            ids = torch.tensor(sorted(src), dtype=torch.int64)
-            phys = self.pool.translate(ids, band)
-            got = self.views[band].index_select(0, phys)
-            want = self.shadow[band].index_select(0, ids)
-            if not torch.equal(got, want):
-                bad = (got != want).any(1)
-                out.append(f"[{band}] {int(bad.sum())} live slots hold wrong bytes: virtual "
-                           f"{ids[bad][:8].tolist()} at physical {phys[bad][:8].tolist()}")
-        return out
-
-    def overlap_violations(self) -> list[str]:
-        """No two live slots of any bands share a byte; all lie inside
-        [sink, total_bytes). Byte intervals from translate and entry sizes."""
-        if self.kind == "oracle":
-            return []  # its physical ids are bookkeeping only
-        starts, sizes = [], []
-        offsets = torch.arange(self.ps, dtype=torch.int64)
-        for band in self.token_bands:
-            pages = torch.tensor(sorted(self.model.bound(band)), dtype=torch.int64)
-            slots = self.pool.translate((pages[:, None] * self.ps + offsets).reshape(-1), band)
-            starts.append(slots * self.entry[band])
-            sizes.append(torch.full_like(slots, self.entry[band]))
-        for band in self.state_bands:
-            slots = self.pool.translate(torch.tensor(sorted(self.model.states[band]), dtype=torch.int64), band)
-            starts.append(slots * self.entry[band])
-            sizes.append(torch.full_like(slots, self.entry[band]))
-        s, size = torch.cat(starts), torch.cat(sizes)
-        if s.numel() == 0:
-            return []
-        e, out = s + size, []
-        lo, hi = self.layout.sink_bytes, self.layout.total_bytes
-        if bool((s < lo).any() or (e > hi).any()):
-            out.append(f"live slots outside [{lo}, {hi}): starts {s[(s < lo) | (e > hi)][:8].tolist()}")
-        order = torch.argsort(s)
-        s, e = s[order], e[order]
-        clash = torch.nonzero(e[:-1] > s[1:]).flatten()
-        if clash.numel():
-            i = int(clash[0])
-            out.append(f"{clash.numel()} live slot pairs overlap, e.g. [{int(s[i])}, {int(e[i])}) and "
-                       f"[{int(s[i + 1])}, {int(e[i + 1])})")
-        return out
-
-    def capacity_violations(self) -> list[str]:
-        """Capacity views are page multiples, schedulable >= plain, and a
-        memoised answer equals a recompute after the memos are forgotten."""
-        pool, out = self.pool, []
-        views = lambda: ([pool.available_size(), pool.available_size(schedulable=True)]  # noqa: E731
-                         + [pool.available_state(b) for b in self.state_bands])
-        cached = views()
-        pool.chain.forget_memos()
-        fresh = views()
-        if cached != fresh:
-            out.append(f"capacity memo is stale: cached {cached}, recomputed {fresh}")
-        if fresh[0] % self.ps:
-            out.append(f"available_size() {fresh[0]} is not a multiple of {self.ps}")
-        if fresh[1] < fresh[0]:
-            out.append(f"available_size(schedulable=True) {fresh[1]} < available_size() {fresh[0]}")
-        return out
+    # -- after every rule --
 
     @invariant()
     def healthy(self):
@@ -916,22 +732,24 @@ class ChainMachine(RuleBasedStateMachine):
             return
         out, self.late = self.late, []
         out += self.pool.verify()
-        out += self.table_violations()
-        out += self.byte_violations()
-        out += self.overlap_violations()
-        out += self.capacity_violations()
+        out += checks.table_violations(self.pool, self.model)
+        out += checks.kernel_id_violations(self.pool, self.model)
+        out += checks.byte_violations(self.pool, self.model, self.shadow)
+        if self.kind != "oracle":  # its physical ids are bookkeeping only
+            out += checks.overlap_violations(self.pool, self.model)
+        out += checks.capacity_violations(self.pool)
         assert not out, "\n".join(out)
 
     def teardown(self):
         if self.pool is not None:
             self._fire()
-            st_ = self.pool.stats()
-            REACHED.update({k: st_[k] for k in _REACHED_KEYS})
+            stats = self.pool.stats()
+            REACHED.update({k: stats[k] for k in _COUNTERS})
 
 
 def machine_for(kind: str, chains=CHAINS, name: Optional[str] = None) -> type:
-    """The state machine for pool `kind` (see `KINDS`), optionally over a
-    subset of `CHAINS`."""
+    """The state machine for pool `kind` (see `KINDS`), over `chains` (a
+    subset of `CHAINS`)."""
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r} is not one of {KINDS}")
     return type(name or f"ChainMachine_{kind}", (ChainMachine,), {"kind": kind, "chains": tuple(chains)})

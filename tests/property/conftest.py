@@ -21,9 +21,9 @@ _COMMON = dict(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
 )
-settings.register_profile("ci", max_examples=30, stateful_step_count=40, derandomize=True,
+settings.register_profile("ci", max_examples=400, stateful_step_count=40, derandomize=True,
                           database=None, print_blob=False, **_COMMON)
-settings.register_profile("deep", max_examples=400, stateful_step_count=100, derandomize=False,
+settings.register_profile("deep", max_examples=1000, stateful_step_count=100, derandomize=False,
                           database=None, print_blob=True, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
@@ -36,5 +36,6 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("-", f"chain fuzzer ({settings.default._current_profile} profile)")
     for name in sorted(STEPS):
         terminalreporter.write_line(f"{name}: {STEPS[name]} rule steps over {EXAMPLES[name]} examples")
-    terminalreporter.write_line(f"total: {sum(STEPS.values())} rule steps over {sum(EXAMPLES.values())} examples")
+    total, examples = sum(STEPS.values()), sum(EXAMPLES.values())
+    terminalreporter.write_line(f"total: {total} rule steps over {examples} examples")
     terminalreporter.write_line(f"reached: {dict(REACHED)}")
