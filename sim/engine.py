@@ -71,6 +71,7 @@ class Simulation:
         self.violations: list[str] = []
         self._wake: Optional[simpy.Event] = None
         self._view: Optional[tuple] = None
+        self._moved_mark = 0
         self._counts = dict(admitted=0, finished=0, retracted=0, rejected=0)
 
     # -- processes --
@@ -107,7 +108,9 @@ class Simulation:
     # -- one step --
 
     def _step(self):
-        moved0 = self._moved_bytes()
+        # Bytes moved since the last step's accounting: moves made while
+        # finishing requests after a forward are charged to the next step.
+        moved0 = self._moved_mark
         # Running requests first: their decode token, then their next
         # prefill chunk; new requests only take what is left.
         decode = self._decode_batch([r for r in self.running if r.decoding and r.generated])
@@ -120,6 +123,7 @@ class Simulation:
         self._launch(event, prefill, decode)
         self.pool.flush(urgent=False)  # opportunistic, while the forward runs
         moved = self._moved_bytes() - moved0
+        self._moved_mark = moved0 + moved
         prefill_tokens = sum(c for _, c in prefill)
         dt = self.step_cost(prefill_tokens, len(decode), self.kv_bytes(batch), moved)
         yield self.env.timeout(dt)
