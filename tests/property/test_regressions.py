@@ -1,10 +1,11 @@
 """Core bugs the chain fuzzer found, each as its shrunk, hand-checked example.
 
-Each test states the behaviour the core should have and is marked
-`xfail(strict=True)` until the core is fixed (a fix turns it into an
-XPASS, which fails the run: then drop the mark, and drop the matching guard
-in `chain_machine.known_core_bug` / `KNOWN_BUGS` so the fuzzer checks it
-again). docs/fuzzing.md describes each bug, its cause and the proposed fix.
+Each test states the behaviour the core should have. An open bug's test is
+marked `xfail(strict=True)`: a fix turns it into an XPASS, which fails the
+run; then drop the mark, and the matching `chain_setup.KNOWN_BUGS` entry and
+guard, so the fuzzer checks that behaviour again. A fixed bug's test stays
+as an ordinary regression test. docs/fuzzing.md describes each bug, its
+cause and the fix.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def oracle_state_layout() -> Layout:
 
 
 def test_oracle_available_state_fits_the_page_grid():
+    """Was: available_state() 9 with 8 slot ids; alloc_state(9) crashed in
+    bind (fixed in 2bbbfb8: the budget room is capped by the band's grid)."""
     layout = oracle_state_layout()
     pool = OraclePool(layout)
     n = pool.available_state("mamba")
@@ -37,6 +40,8 @@ def test_oracle_available_state_fits_the_page_grid():
 
 
 def test_oracle_available_size_fits_the_page_grid():
+    """Was: available_size() 6 with 5 usable pages of 'full'; alloc(6)
+    crashed in bind (same fix)."""
     # Sink 1000 B; full's grid: 9 slots, the first usable one is 4, so 5
     # usable pages; budget 2990 - 1000 = 1990 B = 6 pages of 300 B.
     layout = Layout(total_bytes=2990, bands=[
