@@ -1,10 +1,14 @@
 """Host time and device syncs per steady decode step: the 3-band UnifiedPool on
 CudaBackend vs a plain torch paged allocator (one static pool per band).
 
-One step = decode one token for every running request, release the sliding
-window's pages that left the window (per request, with `start_pos`), finish
-one request every `--finish-every` steps, and flush. Host lengths are known
-to the engine (as in a serving engine); token ids stay on the device.
+One step = finish one request every `--finish-every` steps, decode one token
+for every running request, release the sliding window's pages that left the
+window (one call for the batch), flush, and produce the device slot ids the
+forward writes. Host lengths are known to the engine (as in a serving
+engine). unikv's virtual ids live on the host (the pool hands them out
+there) and its step ends with `translate` to device slot ids (which commits
+the step's page-table changes: one upload, one launch); the baseline keeps
+its ids on the device.
 
 Host microseconds are wall time around the step (no explicit synchronize:
 the syncs inside the step are what costs). Syncs are counted in a separate
@@ -39,6 +43,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def unikv_engine(batch: int, device: str):
+    import numpy as np
+
     from unikv import Band, Layout, UnifiedPool
     from unikv.backends.cuda import CudaBackend
 
@@ -48,36 +54,43 @@ def unikv_engine(batch: int, device: str):
         Band("full", entry_bytes=12288, grow="down", page_size=PS, blocks_per_page=24),
     ])
     pool = UnifiedPool(layout, CudaBackend(device), compaction="lazy")
-    lens = [300 + (37 * i) % 400 for i in range(batch)]
-    ids = pool.alloc_extend([0] * batch, lens, [0] * batch, sum(lens))
-    states = pool.alloc_state("mamba", batch)
-    table = torch.zeros(batch, max(lens) + 4096, dtype=torch.int64, device=device)
-    ends = torch.tensor(lens).cumsum(0).tolist()
-    for r, (n, end) in enumerate(zip(lens, ends)):
+    lens = np.array([300 + (37 * i) % 400 for i in range(batch)])
+    ids = pool.alloc_extend([0] * batch, lens, [0] * batch, int(lens.sum())).numpy()
+    states = pool.alloc_state("mamba", batch).numpy()
+    table = np.zeros((batch, int(lens.max()) + 4096), dtype=np.int64)  # the engine's host req_to_token
+    for r, (n, end) in enumerate(zip(lens, np.cumsum(lens))):
         table[r, :n] = ids[end - n:end]
-    return {"pool": pool, "lens": lens, "table": table, "released": [0] * batch, "states": states,
-            "rows": list(range(batch))}
+    pool.commit()
+    return {"pool": pool, "lens": lens, "table": table, "released": np.zeros(batch, dtype=np.int64),
+            "states": states, "rows": np.arange(batch)}
 
 
 def unikv_step(e: dict, step: int, finish_every: int) -> None:
-    pool, lens, rows = e["pool"], e["lens"], e["rows"]
-    dev = e["table"].device
-    seq, row_idx = upload([lens[r] + 1 for r in rows], dev), upload(rows, dev)
-    last = e["table"][row_idx, seq - 2]
-    new = pool.alloc_decode(seq, last)
-    e["table"][row_idx, seq - 1] = new
-    for r in rows:
-        lens[r] += 1
-        end = (max(0, lens[r] - WINDOW) // PS) * PS
-        start = e["released"][r]
-        if end > start:
-            pool.release(e["table"][r, start:end], band="swa", start_pos=start)
-            e["released"][r] = end
+    """Virtual ids live on the host (the pool hands them out there); the
+    step ends with the device slot ids the forward writes (translate, which
+    commits the step's table changes in one upload + one launch)."""
+    import numpy as np
+
+    pool, lens, table = e["pool"], e["lens"], e["table"]
+    rows = e["rows"]
     if finish_every and step % finish_every == finish_every - 1 and len(rows) > 1:
-        r = rows.pop(0)
-        pool.free(e["table"][r, :lens[r]])
+        r = int(rows[0])  # finished by the previous forward
+        rows = e["rows"] = rows[1:]
+        pool.free(table[r, :lens[r]])
         pool.free_state("mamba", e["states"][r:r + 1])
+    seq = lens[rows] + 1
+    new = pool.alloc_decode(seq, table[rows, seq - 2])
+    table[rows, seq - 1] = new.numpy()
+    lens[rows] = seq
+    ends = np.maximum(0, seq - WINDOW) // PS * PS
+    crossing = np.flatnonzero(ends > e["released"][rows])
+    if len(crossing):  # one id per page that left the window, one call for the batch
+        reps = [table[r, e["released"][r]:end:PS] for r, end in zip(rows[crossing], ends[crossing])]
+        pool.release(np.concatenate(reps), band="swa")
+        e["released"][rows[crossing]] = ends[crossing]
     pool.flush()
+    pool.translate(new, "full")
+    pool.translate(new, "swa")
 
 
 def upload(values: list[int], device: torch.device) -> torch.Tensor:

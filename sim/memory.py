@@ -239,11 +239,11 @@ class Memory:
         if len(set(held)) != len(held):
             out.append("a virtual page is held twice")
         if self.pool.token_names:
-            live = set(torch.nonzero(self.pool.vids.binds > 0).flatten().tolist())
+            live = set(self.pool.live_ids().tolist())
             if live != set(held):
                 out.append(f"held pages {len(set(held))} != pool live pages {len(live)}")
         if self.state_band is not None:
-            live = set(torch.nonzero(self.pool.state_ids[self.state_band].binds > 0).flatten().tolist())
+            live = set(self.pool.live_ids(self.state_band).tolist())
             if live != set(states) or len(states) != len(set(states)):
                 out.append(f"held state slots {len(states)} != pool live slots {len(live)}")
         return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import torch
+import numpy as np
 
 
 class Epoch:
@@ -52,10 +52,10 @@ class Hazards:
     def __init__(self, backend) -> None:
         self.backend = backend
         self.event: Optional[Any] = None
-        self.writes: dict[str, torch.Tensor] = {}
+        self.writes: dict[str, np.ndarray] = {}
         self.settles = 0
 
-    def set_forward(self, event: Any, writes: dict[str, torch.Tensor]) -> None:
+    def set_forward(self, event: Any, writes: dict[str, np.ndarray]) -> None:
         """Record a launched forward; `writes` maps band name -> virtual pages."""
         self.event = event
         self.writes = writes
@@ -78,13 +78,13 @@ class Hazards:
         self.settles += 1
         self.clear()
 
-    def written_pages(self, name: str, v2p: torch.Tensor) -> set[int]:
+    def written_pages(self, name: str, v2p: np.ndarray) -> set[int]:
         """Physical pages of band `name` the running forward writes.
 
-        Translated now, lazily: while the forward runs none of its pages can
-        have moved (every mover settles or stops at them first).
+        Translated now, lazily, on the host tables: while the forward runs
+        none of its pages can have moved (every mover settles or stops at
+        them first).
         """
         if self.pending_event() is None or name not in self.writes:
             return set()
-        pages = v2p.index_select(0, self.writes[name])
-        return {p for p in self.backend.to_host(pages) if p >= 0}
+        return {p for p in v2p[self.writes[name]].tolist() if p >= 0}

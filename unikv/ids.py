@@ -1,9 +1,17 @@
-"""Virtual id spaces the pool owns, and argument checks for ids."""
+"""Virtual id spaces the pool owns, and argument checks for ids.
+
+Ids are host data: the pool hands out virtual ids it chose on the host and
+reads the ids callers pass back on the host. A CPU tensor, a numpy array or
+a list costs no device round trip; a device tensor is read back (one
+device-to-host copy), so engines that want a sync-free step keep their
+virtual ids on the host.
+"""
 
 from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 
@@ -15,20 +23,19 @@ class IdSpace:
     so taking and returning `k` ids costs O(k) whatever the id space size.
     """
 
-    def __init__(self, backend, size: int, holders: int) -> None:
-        self.backend = backend
+    def __init__(self, size: int, holders: int) -> None:
         self.size = size
         self.holders = holders
         self.reset()
 
     def reset(self) -> None:
         # Stored descending so the first takes hand out 1, 2, 3, ...
-        self._stack = torch.flip(self.backend.arange(1, self.size), (0,))
+        self._stack = np.arange(self.size - 1, 0, -1, dtype=np.int64)
         self._top = self.size - 1
-        self.binds = torch.zeros(self.size, dtype=torch.int16, device=self.backend.device)
+        self.binds = np.zeros(self.size, dtype=np.int16)
 
     @property
-    def free(self) -> torch.Tensor:
+    def free(self) -> np.ndarray:
         """The free ids (a view, next-to-take last)."""
         return self._stack[: self._top]
 
@@ -36,85 +43,95 @@ class IdSpace:
     def free_count(self) -> int:
         return self._top
 
-    def take(self, n: int) -> torch.Tensor:
-        """The next `n` free ids, bound on all holders. Caller checked n fits."""
-        ids = torch.flip(self._stack[self._top - n: self._top], (0,))
+    def take(self, n: int) -> np.ndarray:
+        """The next `n` free ids, bound on all holders."""
+        if n > self._top:
+            raise RuntimeError(f"internal: {n} ids taken with {self._top} free")
+        ids = self._stack[self._top - n: self._top][::-1].copy()
         self._top -= n
-        self.binds.index_fill_(0, ids, self.holders)  # no host scalar crosses to the device
+        self.binds[ids] = self.holders
         return ids
 
-    def _push(self, ids: torch.Tensor) -> None:
-        k = int(ids.numel())
+    def _push(self, ids: np.ndarray) -> None:
+        k = len(ids)
         self._stack[self._top: self._top + k] = ids
         self._top += k
 
-    def drop(self, ids: torch.Tensor) -> None:
-        """One holder lets go of each of `ids`; ids nobody holds come back."""
-        if ids.numel() == 0:
+    def drop(self, ids: np.ndarray) -> None:
+        """One holder lets go of each of `ids` (unique); ids nobody holds
+        come back."""
+        if len(ids) == 0:
             return
-        self.binds[ids] -= 1
-        self._push(ids[self.binds[ids] == 0])
+        left = self.binds[ids] - 1
+        self.binds[ids] = left
+        self._push(ids[left == 0])
 
-    def drop_all(self, ids: torch.Tensor) -> None:
+    def drop_all(self, ids: np.ndarray) -> None:
         """Every holder lets go of `ids` (unique)."""
-        self.binds.index_fill_(0, ids, 0)
+        self.binds[ids] = 0
         self._push(ids)
 
     def live_count(self) -> int:
-        return int((self.binds > 0).sum())
+        return int(np.count_nonzero(self.binds[1:]))
 
     def violations(self, name: str) -> list[str]:
         out = []
         free = self.free
-        if int(free.numel()) != int(torch.unique(free).numel()):
+        if len(free) != len(np.unique(free)):
             out.append(f"[{name} ids] an id is on the free list twice")
-        if free.numel() and bool((self.binds[free] != 0).any()):
+        if len(free) and bool((self.binds[free] != 0).any()):
             out.append(f"[{name} ids] a free id is still bound")
-        if free.numel() + self.live_count() != self.size - 1:
+        if len(free) + self.live_count() != self.size - 1:
             out.append(
-                f"[{name} ids] free {free.numel()} + live {self.live_count()} "
+                f"[{name} ids] free {len(free)} + live {self.live_count()} "
                 f"!= {self.size - 1} ids"
             )
         return out
 
 
-def as_ids(values, what: str, device) -> torch.Tensor:
-    """`values` (tensor, sequence or int) as a 1-D int64 tensor on `device`.
+def as_ids(values, what: str) -> np.ndarray:
+    """`values` (tensor, array, sequence or int) as a 1-D int64 host array.
 
     Raises:
         ValueError: naming `what`, for a non-integer dtype or a >1-D shape.
     """
     if isinstance(values, torch.Tensor):
-        t = values
-    else:
-        try:
-            t = torch.as_tensor(values)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise ValueError(f"{what}: cannot read {values!r} as integer ids ({exc})") from None
-        if t.numel() == 0:
-            t = t.to(torch.int64)  # an empty sequence carries no dtype
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise ValueError(f"{what}: dtype {t.dtype} is not an integer dtype")
-    if t.dim() > 1:
-        raise ValueError(f"{what}: shape {tuple(t.shape)} is not 1-D")
-    return t.reshape(-1).to(device=device, dtype=torch.int64)
+        dtype = values.dtype
+        if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+            raise ValueError(f"{what}: dtype {dtype} is not an integer dtype")
+        if values.dim() > 1:
+            raise ValueError(f"{what}: shape {tuple(values.shape)} is not 1-D")
+        if values.device.type != "cpu":
+            values = values.cpu()  # a device read: pass host ids to avoid it
+        return values.reshape(-1).numpy().astype(np.int64, copy=False)
+    try:
+        a = np.asarray(values)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what}: cannot read {values!r} as integer ids ({exc})") from None
+    if a.size == 0:
+        return np.zeros(0, dtype=np.int64)  # an empty sequence carries no dtype
+    if a.dtype.kind not in "iu":
+        raise ValueError(f"{what}: dtype {a.dtype} is not an integer dtype")
+    if a.ndim > 1:
+        raise ValueError(f"{what}: shape {a.shape} is not 1-D")
+    return a.reshape(-1).astype(np.int64, copy=False)
 
 
-def check_range(ids: torch.Tensor, low: int, high: int, what: str) -> None:
+def check_range(ids: np.ndarray, low: int, high: int, what: str) -> None:
     """Every id in `[low, high)`, else ValueError listing a few offenders."""
-    if ids.numel() == 0:
+    if len(ids) == 0:
         return
-    lo, hi = torch.aminmax(ids)
-    if int(lo) >= low and int(hi) < high:
+    if int(ids.min()) >= low and int(ids.max()) < high:
         return
     bad = ids[(ids < low) | (ids >= high)]
-    raise ValueError(f"{what}: ids {_few(bad)} are outside [{low}, {high})")
+    raise ValueError(f"{what}: ids {few(bad)} are outside [{low}, {high})")
 
 
 def check_count(n, what: str, multiple: int = 1) -> int:
     """A non-negative int that is a multiple of `multiple`."""
-    if isinstance(n, bool) or not isinstance(n, int) and not (
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) and not (
         isinstance(n, torch.Tensor) and n.dim() == 0 and not n.dtype.is_floating_point
+        and n.dtype != torch.bool
     ):
         raise ValueError(f"{what}={n!r} must be an integer")
     n = int(n)
@@ -125,12 +142,8 @@ def check_count(n, what: str, multiple: int = 1) -> int:
     return n
 
 
-def _few(t: torch.Tensor, k: int = 8) -> str:
-    vals = t.tolist()
+def few(values: Sequence[int] | np.ndarray | torch.Tensor, k: int = 8) -> str:
+    """A short rendering of offending ids for error messages."""
+    vals = values.tolist() if hasattr(values, "tolist") else list(values)
     more = f" (+{len(vals) - k} more)" if len(vals) > k else ""
     return f"{vals[:k]}{more}"
-
-
-def few(values: Sequence[int] | torch.Tensor, k: int = 8) -> str:
-    """A short rendering of offending ids for error messages."""
-    return _few(values if isinstance(values, torch.Tensor) else torch.tensor(list(values)), k)

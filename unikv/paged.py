@@ -1,123 +1,126 @@
-"""The paged alloc surface: argument checks and page arithmetic.
+"""The paged alloc surface: argument checks and page arithmetic, on the host.
 
 Serving engines hand a batch as per-request `prefix_lens` (tokens already
 held), `seq_lens` (tokens wanted) and `last_loc` (id of the last prefix
 token). New tokens first fill the free slots of the last page, then take
-`ceil(seq / ps) - ceil(prefix / ps)` new pages per request.
+`ceil(seq / ps) - ceil(prefix / ps)` new pages per request. The arithmetic
+here is the host twin of `unikv.kernels.reference.paged_extend` /
+`paged_decode` (tests hold them equal).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 from unikv.ids import as_ids, few
 
 
 @dataclass(frozen=True)
 class PagedRequest:
-    prefix: torch.Tensor
-    seq: torch.Tensor
-    last_loc: torch.Tensor
+    prefix: np.ndarray
+    seq: np.ndarray
+    last_loc: np.ndarray
     new_pages: int
     total_tokens: int
-
-
-def _host(values, what: str) -> list[int]:
-    """Lengths and locations as host ints (they are scheduler metadata: pass
-    CPU tensors or lists; a device tensor costs a device-to-host read)."""
-    if isinstance(values, torch.Tensor):
-        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
-            raise ValueError(f"{what}: dtype {values.dtype} is not an integer dtype")
-        if values.dim() > 1:
-            raise ValueError(f"{what}: shape {tuple(values.shape)} is not 1-D")
-        return values.reshape(-1).tolist()
-    return as_ids(values, what, "cpu").tolist()
-
-
-def _device(values, host: list[int], device) -> torch.Tensor:
-    """`values` as an int64 tensor on `device`, reusing it when it already is."""
-    if isinstance(values, torch.Tensor) and values.dtype == torch.int64 and values.device == device:
-        return values.reshape(-1)
-    return torch.tensor(host, dtype=torch.int64, device=device)
 
 
 def extend_request(pool, prefix_lens, seq_lens, last_loc, extend_num_tokens=None) -> PagedRequest:
     """Checked arguments of `alloc_extend`. Raises ValueError naming the
     argument (shapes, negative or shrinking lengths, a wrong token total, a
     `last_loc` that is not a live id at the prefix's last position)."""
-    prefix = _host(prefix_lens, "alloc_extend: prefix_lens")
-    seq = _host(seq_lens, "alloc_extend: seq_lens")
-    last = _host(last_loc, "alloc_extend: last_loc")
+    prefix = as_ids(prefix_lens, "alloc_extend: prefix_lens")
+    seq = as_ids(seq_lens, "alloc_extend: seq_lens")
+    last = as_ids(last_loc, "alloc_extend: last_loc")
     if not (len(prefix) == len(seq) == len(last)):
         raise ValueError(f"alloc_extend: prefix_lens, seq_lens, last_loc have lengths "
                          f"{len(prefix)}, {len(seq)}, {len(last)}; expected equal")
-    negative = [p for p in prefix if p < 0]
-    if negative:
-        raise ValueError(f"alloc_extend: prefix_lens {few(negative)} are negative")
-    shrinking = [s for s, p in zip(seq, prefix) if s < p]
-    if shrinking:
-        raise ValueError(f"alloc_extend: seq_lens {few(shrinking)} are below prefix_lens")
-    total = sum(seq) - sum(prefix)
+    if len(prefix) and prefix.min() < 0:
+        raise ValueError(f"alloc_extend: prefix_lens {few(prefix[prefix < 0])} are negative")
+    if (seq < prefix).any():
+        raise ValueError(f"alloc_extend: seq_lens {few(seq[seq < prefix])} are below prefix_lens")
+    total = int(seq.sum() - prefix.sum())
     if extend_num_tokens is not None and int(extend_num_tokens) != total:
         raise ValueError(f"alloc_extend: extend_num_tokens={extend_num_tokens} but "
                          f"sum(seq_lens - prefix_lens)={total}")
     _check_last_loc(pool, prefix, last, "alloc_extend")
     ps = pool.page_size
-    pages = sum(-(-s // ps) + (p // -ps) for s, p in zip(seq, prefix))
-    dev = pool.backend.device
-    return PagedRequest(_device(prefix_lens, prefix, dev), _device(seq_lens, seq, dev),
-                        _device(last_loc, last, dev), pages, total)
+    pages = int((-(-seq // ps) - -(-prefix // ps)).sum())
+    return PagedRequest(prefix, seq, last, pages, total)
 
 
 def decode_request(pool, seq_lens, last_loc) -> PagedRequest:
     """Checked arguments of `alloc_decode` (seq_lens >= 1, include the new token)."""
-    seq = _host(seq_lens, "alloc_decode: seq_lens")
-    last = _host(last_loc, "alloc_decode: last_loc")
+    seq = as_ids(seq_lens, "alloc_decode: seq_lens")
+    last = as_ids(last_loc, "alloc_decode: last_loc")
     if len(seq) != len(last):
         raise ValueError(f"alloc_decode: seq_lens and last_loc have lengths "
                          f"{len(seq)}, {len(last)}; expected equal")
-    short = [s for s in seq if s < 1]
-    if short:
-        raise ValueError(f"alloc_decode: seq_lens {few(short)} must be >= 1")
-    prefix = [s - 1 for s in seq]
+    if len(seq) and seq.min() < 1:
+        raise ValueError(f"alloc_decode: seq_lens {few(seq[seq < 1])} must be >= 1")
+    prefix = seq - 1
     _check_last_loc(pool, prefix, last, "alloc_decode")
-    ps = pool.page_size
-    pages = sum(1 for p in prefix if p % ps == 0)
-    dev = pool.backend.device
-    seq_t = _device(seq_lens, seq, dev)
-    return PagedRequest(seq_t - 1, seq_t, _device(last_loc, last, dev), pages, len(seq))
+    pages = int(np.count_nonzero(prefix % pool.page_size == 0))
+    return PagedRequest(prefix, seq, last, pages, len(seq))
 
 
-def _check_last_loc(pool, prefix: list[int], last: list[int], op: str) -> None:
+def _check_last_loc(pool, prefix: np.ndarray, last: np.ndarray, op: str) -> None:
     """Where a prefix ends inside a page, its `last_loc` must be a live id
     at the prefix's last position of that page."""
     ps = pool.page_size
-    tails = [(p, l) for p, l in zip(prefix, last) if p % ps]
-    if not tails:
+    tail = prefix % ps != 0
+    if not tail.any():
         return
+    prefix, last = prefix[tail], last[tail]
     high = pool.vids.size * ps
-    outside = [l for _, l in tails if not 0 <= l < high]
-    if outside:
+    outside = last[(last < 0) | (last >= high)]
+    if len(outside):
         raise ValueError(f"{op}: last_loc ids {few(outside)} are outside [0, {high})")
-    wrong = [l for p, l in tails if l % ps != (p - 1) % ps]
-    if wrong:
+    wrong = last[last % ps != (prefix - 1) % ps]
+    if len(wrong):
         raise ValueError(f"{op}: last_loc {few(wrong)} do not sit at the prefix's last "
                          f"position within their page (page_size={ps})")
-    pages = torch.tensor([l // ps for _, l in tails], dtype=torch.int64, device=pool.vids.binds.device)
-    live = pool.vids.binds[pages].tolist()
-    dead = [l for (_, l), b in zip(tails, live) if b <= 0]
-    if dead:
+    dead = last[pool.vids.binds[last // ps] <= 0]
+    if len(dead):
         raise ValueError(f"{op}: last_loc {few(dead)} are not on allocated pages")
 
 
-def page_representatives(ids: torch.Tensor, start_pos: int, page_size: int) -> torch.Tensor:
+def extend_ids(req: PagedRequest, new_pages: np.ndarray, page_size: int) -> np.ndarray:
+    """Virtual token ids of positions `[prefix, seq)` of every request,
+    request-major: the tail page's free slots after `last_loc`, then the
+    fresh pages `new_pages` in batch order."""
+    ps = page_size
+    prefix, seq, last = req.prefix, req.seq, req.last_loc
+    ext = seq - prefix
+    req_of = np.repeat(np.arange(len(ext)), ext)
+    pos = np.arange(req.total_tokens) - (np.cumsum(ext) - ext)[req_of] + prefix[req_of]
+    old_pages = -(-prefix // ps)
+    counts = -(-seq // ps) - old_pages
+    in_tail = pos < (old_pages * ps)[req_of]
+    out = (last[req_of] + (pos - prefix[req_of] + 1)) if in_tail.any() else np.empty_like(pos)
+    if len(new_pages):
+        k = (np.cumsum(counts) - counts - old_pages)[req_of] + pos // ps
+        fresh = ~in_tail
+        out[fresh] = new_pages[k[fresh]] * ps + pos[fresh] % ps
+    return out
+
+
+def decode_ids(req: PagedRequest, new_pages: np.ndarray, page_size: int) -> np.ndarray:
+    """One token per request at position `seq - 1`: `last_loc + 1` inside
+    the tail page, else the next fresh page's first slot."""
+    out = req.last_loc + 1
+    if len(new_pages):
+        out[req.prefix % page_size == 0] = new_pages * page_size
+    return out
+
+
+def page_representatives(ids: np.ndarray, start_pos: int, page_size: int) -> np.ndarray:
     """One id per page of a contiguous run starting at position `start_pos`:
     the first id, then one every `page_size` from the next page boundary."""
-    if page_size == 1 or ids.numel() == 0:
+    if page_size == 1 or len(ids) == 0:
         return ids
     offset = start_pos % page_size
     if offset == 0:
         return ids[::page_size]
-    return torch.cat([ids[:1], ids[page_size - offset::page_size]])
+    return np.concatenate([ids[:1], ids[page_size - offset::page_size]])

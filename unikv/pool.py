@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from typing import Any, Mapping, Optional
 
+import numpy as np
 import torch
 
 from unikv import paged, views
@@ -17,6 +18,7 @@ from unikv.ids import IdSpace, as_ids, check_count, check_range, few
 from unikv.layout import Layout, Side, Unit
 from unikv.policy import relieve
 from unikv.stats import Stats
+from unikv.tables import PageTables
 
 
 class Compaction(enum.Enum):
@@ -34,6 +36,14 @@ class UnifiedPool:
     Request (state) bands have their own ids, one slot per request.
     The pool asks, then acts: capacity views are pure; an alloc that does
     not fit returns None and leaves eviction to the caller.
+
+    Every decision is made on the host: virtual ids are host data (ids are
+    returned as CPU int64 tensors, and ids passed in as CPU tensors, numpy
+    arrays or lists cost no device round trip), the page tables' truth is a
+    host arena, and the backend mirrors it on its device. The device tables
+    are brought up to date by `commit()`, which `translate` and
+    `page_table` call first: one upload and one launch per commit, however
+    many calls changed the tables since the last one.
 
     Args:
         layout: the buffer and its bands.
@@ -64,12 +74,15 @@ class UnifiedPool:
         self.chain = Chain(layout, self.epoch)
         self.buffer = self.backend.make_buffer(layout.total_bytes)
         token_vspace = 1 + sum(g.usable_pages for g in layout if g.band.unit is Unit.TOKEN)
+        vspace = {g.band.name: token_vspace if g.band.unit is Unit.TOKEN else g.usable_pages + 1
+                  for g in layout}
+        self.tables = PageTables(self.backend, [(g.band.name, vspace[g.band.name], g.num_pages)
+                                                for g in layout])
         self.bands: dict[str, Any] = {}
         for g in layout:
-            token = g.band.unit is Unit.TOKEN
             ctx = BandContext(self.backend, self.buffer, self.epoch, self.hazards, self.chain,
-                              token_vspace if token else g.usable_pages + 1,
-                              self.compaction is Compaction.LAZY, move_cap, self._regions())
+                              self.tables, self.compaction is Compaction.LAZY, move_cap,
+                              self._regions())
             cls = self.band_classes[self._band_kind(g.band)]
             self.bands[g.band.name] = cls(g, ctx, self.counters.bands[g.band.name])
         self.chain.bands = list(self.bands.values())
@@ -77,8 +90,8 @@ class UnifiedPool:
         # Alloc order: END bands first, the float last (it can pick a side).
         self.token_order = sorted((self.bands[n].index for n in self.token_names),
                                   key=lambda i: self.chain.bands[i].kind is Kind.FLOAT)
-        self.vids = IdSpace(self.backend, token_vspace, len(self.token_names))
-        self.state_ids = {b.name: IdSpace(self.backend, layout.geometry(b.name).usable_pages + 1, 1)
+        self.vids = IdSpace(token_vspace, len(self.token_names))
+        self.state_ids = {b.name: IdSpace(layout.geometry(b.name).usable_pages + 1, 1)
                           for b in layout.state_bands}
 
     # -- construction hooks for the baselines --
@@ -112,8 +125,10 @@ class UnifiedPool:
         if not self.token_names:
             raise ValueError("this layout has no token band; use alloc_state")
 
-    def _ids(self, values, what: str) -> torch.Tensor:
-        return as_ids(values, what, self.backend.device)
+    @staticmethod
+    def _out(ids: np.ndarray) -> torch.Tensor:
+        """Ids handed to the caller: a CPU int64 tensor (no copy)."""
+        return torch.from_numpy(ids)
 
     # -- capacity views --
 
@@ -141,8 +156,8 @@ class UnifiedPool:
         pages = self._take_token_pages(n // self.page_size)
         if pages is None:
             return None
-        offsets = self.backend.arange(0, self.page_size)
-        return (pages[:, None] * self.page_size + offsets).reshape(-1)
+        offsets = np.arange(self.page_size, dtype=np.int64)
+        return self._out((pages[:, None] * self.page_size + offsets).reshape(-1))
 
     def alloc_extend(self, prefix_lens, seq_lens, last_loc, extend_num_tokens=None) -> Optional[torch.Tensor]:
         """Tokens `[prefix, seq)` of each request with tail-page reuse.
@@ -153,16 +168,15 @@ class UnifiedPool:
                 (read only where the prefix ends inside a page).
             extend_num_tokens: sum(seq - prefix), checked when given.
         Returns:
-            int64 [sum(seq - prefix)] virtual token ids, request-major, or
-            None on shortfall (nothing allocated).
+            int64 [sum(seq - prefix)] virtual token ids (CPU), request-major,
+            or None on shortfall (nothing allocated).
         """
         self._require_tokens()
         req = paged.extend_request(self, prefix_lens, seq_lens, last_loc, extend_num_tokens)
         new_pages = self._take_token_pages(req.new_pages)
         if new_pages is None:
             return None
-        return self.backend.paged_extend(req.prefix, req.seq, req.last_loc, new_pages, self.page_size,
-                                         req.total_tokens)
+        return self._out(paged.extend_ids(req, new_pages, self.page_size))
 
     def alloc_decode(self, seq_lens, last_loc) -> Optional[torch.Tensor]:
         """One token per request at position `seq - 1` (seq includes it)."""
@@ -171,12 +185,12 @@ class UnifiedPool:
         new_pages = self._take_token_pages(req.new_pages)
         if new_pages is None:
             return None
-        return self.backend.paged_decode(req.seq, req.last_loc, new_pages, self.page_size)
+        return self._out(paged.decode_ids(req, new_pages, self.page_size))
 
-    def _take_token_pages(self, pages: int) -> Optional[torch.Tensor]:
+    def _take_token_pages(self, pages: int) -> Optional[np.ndarray]:
         """Fresh virtual pages bound on every token band, or None."""
         if pages == 0:
-            return self.backend.arange(0, 0)
+            return np.zeros(0, dtype=np.int64)
         fits = lambda: self.chain.fits_joint(self.token_order, pages)  # noqa: E731
         if not fits():
             demand = {i: pages for i in self.token_order}
@@ -215,7 +229,7 @@ class UnifiedPool:
         from stride arithmetic instead of a dedup. Returns page moves.
         """
         target = self._token_band(band)
-        t = self._ids(ids, "release: ids")
+        t = as_ids(ids, "release: ids")
         if start_pos is not None:
             start_pos = check_count(start_pos, "release: start_pos")
             t = paged.page_representatives(t, start_pos, self.page_size)
@@ -225,25 +239,21 @@ class UnifiedPool:
         self.vids.drop(pages)
         return moves
 
-    def _live_token_pages(self, ids, op: str, allow_sink: bool = False) -> torch.Tensor:
+    def _live_token_pages(self, ids, op: str, allow_sink: bool = False) -> np.ndarray:
         """The distinct virtual pages of token `ids`, all allocated."""
-        t = self._ids(ids, f"{op}: ids")
+        t = as_ids(ids, f"{op}: ids")
         check_range(t, 0, self.vids.size * self.page_size, f"{op}: token ids")
-        if t.numel() <= 256:  # few ids: host arithmetic beats a chain of small ops
-            host = sorted({x // self.page_size for x in t.tolist()} - ({0} if allow_sink else set()))
-            pages = torch.tensor(host, dtype=torch.int64, device=t.device)
-        else:
-            pages = torch.unique(torch.div(t, self.page_size, rounding_mode="floor"))
-            if allow_sink:
-                pages = pages[pages > 0]
+        pages = np.unique(t // self.page_size) if self.page_size > 1 or len(t) > 1 else t
+        if allow_sink and len(pages) and pages[0] == 0:
+            pages = pages[1:]
         dead = pages[self.vids.binds[pages] <= 0]
-        if dead.numel():
+        if len(dead):
             raise ValueError(f"{op}: virtual pages {few(dead)} are not allocated "
                              "(never allocated, or already freed)")
         return pages
 
-    def _unbind(self, band, v_pages: torch.Tensor) -> int:
-        if v_pages.numel() == 0:
+    def _unbind(self, band, v_pages: np.ndarray) -> int:
+        if len(v_pages) == 0:
             return 0
         return band.release(band.unbind(v_pages))
 
@@ -254,7 +264,7 @@ class UnifiedPool:
         b = self._state_band(band)
         n = check_count(n, "alloc_state: n")
         if n == 0:
-            return self.backend.arange(0, 0)
+            return self._out(np.zeros(0, dtype=np.int64))
         fits = lambda: n <= self.chain.band_pages(b.index)  # noqa: E731
         if not fits() and not relieve(self.chain, {b.index: n}, fits, self.counters):
             return None
@@ -263,19 +273,19 @@ class UnifiedPool:
         if pages is None:
             raise RuntimeError(f"internal: band {band!r} refused {n} slots it reported free")
         b.bind(ids, pages)
-        return ids
+        return self._out(ids)
 
     def free_state(self, band: str, ids) -> int:
         """Free state slot ids; returns page moves. ValueError (state
         unchanged) for ids out of range, repeated, or not allocated."""
         b = self._state_band(band)
         space = self.state_ids[band]
-        t = self._ids(ids, "free_state: ids")
+        t = as_ids(ids, "free_state: ids")
         check_range(t, 1, space.size, "free_state: ids")
-        if int(torch.unique(t).numel()) != int(t.numel()):
+        if len(t) > 1 and len(np.unique(t)) != len(t):
             raise ValueError(f"free_state: ids {few(t)} repeat an id")
         dead = t[space.binds[t] <= 0]
-        if dead.numel():
+        if len(dead):
             raise ValueError(f"free_state: ids {few(dead)} are not allocated on {band!r}")
         moves = self._unbind(b, t)
         space.drop_all(t)
@@ -284,34 +294,56 @@ class UnifiedPool:
     # -- translation and hazards --
 
     def translate(self, ids, band: str, kernel: bool = False) -> torch.Tensor:
-        """Physical slot ids of token (or state) ids on `band`.
+        """Physical slot ids of token (or state) ids on `band`, on the
+        backend's device.
 
         `kernel=True` gives kernel-facing ids (page index scaled by
         `page_size * blocks_per_page`). Tombstoned and unbound ids -> 0, the
-        sink.
+        sink. Host ids are range-checked on the host and uploaded; device
+        ids are translated in place (their range check reads the device).
         """
         b = self._band(band)
-        t = self._ids(ids, "translate: ids")
         mult = b.geom.band.blocks_per_page if kernel else 1
-        if b.geom.band.unit is Unit.REQUEST:
-            check_range(t, 0, self.state_ids[band].size, "translate: state ids")
-            return self.backend.translate(t, b.v2p, 1, mult)
-        check_range(t, 0, self.vids.size * self.page_size, "translate: token ids")
-        return self.backend.translate(t, b.v2p, self.page_size, mult)
+        state = b.geom.band.unit is Unit.REQUEST
+        ps = 1 if state else self.page_size
+        high = self.state_ids[band].size if state else self.vids.size * ps
+        what = "translate: state ids" if state else "translate: token ids"
+        if isinstance(ids, torch.Tensor) and ids.device.type != "cpu":
+            if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+                raise ValueError(f"translate: ids: dtype {ids.dtype} is not an integer dtype")
+            t = ids.reshape(-1).to(torch.int64)
+            if t.numel() and (int(t.min()) < 0 or int(t.max()) >= high):
+                check_range(t.cpu().numpy(), 0, high, what)
+        else:
+            host = as_ids(ids, "translate: ids")
+            check_range(host, 0, high, what)
+            t = self.backend.upload(host)
+        self.commit()
+        return self.backend.translate(t, b.v2p_dev, ps, mult)
+
+    def page_table(self, band: str) -> torch.Tensor:
+        """`band`'s device v2p table, up to date (commits first)."""
+        b = self._band(band)
+        self.commit()
+        return b.v2p_dev
+
+    def commit(self) -> None:
+        """Bring the device page tables up to date with the host's (one
+        upload and one launch; nothing on the sim backend)."""
+        self.tables.commit()
 
     def set_inflight_forward(self, done_event, write_ids=None, state_write_ids=None) -> None:
         """Declare the forward just launched: its done event, the virtual
         token ids it writes on the token bands, and per state band the slot
         ids it writes. Moves stop at (or settle) those pages; vacated pages
         wait for the event before reuse."""
-        writes: dict[str, torch.Tensor] = {}
+        writes: dict[str, np.ndarray] = {}
         if write_ids is not None:
-            t = self._ids(write_ids, "set_inflight_forward: write_ids")
-            pages = torch.div(t, self.page_size, rounding_mode="floor")
+            pages = as_ids(write_ids, "set_inflight_forward: write_ids") // self.page_size
             writes.update({n: pages for n in self.token_names})
         for name, ids in (state_write_ids or {}).items():
             self._state_band(name)
-            writes[name] = self._ids(ids, f"set_inflight_forward: state ids of {name!r}")
+            writes[name] = as_ids(ids, f"set_inflight_forward: state ids of {name!r}")
         self.hazards.set_forward(done_event, writes)
 
     # -- maintenance --
@@ -346,6 +378,7 @@ class UnifiedPool:
         """Free everything: back to the state of a fresh pool (counters kept)."""
         for b in self.chain.bands:
             b.clear()
+        self.tables.reset()
         self.vids.reset()
         for space in self.state_ids.values():
             space.reset()
@@ -364,7 +397,14 @@ class UnifiedPool:
         for name, space in self.state_ids.items():
             out += space.violations(name)
         out += views.binding_violations(self)
+        out += self.tables.mirror_violations()
         return out
+
+    def live_ids(self, band: Optional[str] = None) -> np.ndarray:
+        """Live virtual page ids (ascending): token pages bound on any token
+        band (`band=None`), or the live slot ids of state band `band`."""
+        space = self.vids if band is None else self.state_ids[self._state_band(band).name]
+        return np.flatnonzero(space.binds > 0)
 
     def stats(self) -> dict:
         """Cumulative counters: moves, moved_bytes, flushes, relocations, ..."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from unikv.extent import Kind
 from unikv.layout import Unit
@@ -47,12 +47,12 @@ def binding_violations(pool) -> list[str]:
     """Each id's bind count equals the number of bands that bind it."""
     out = []
     if pool.token_names:
-        bound = sum((pool.bands[n].v2p[1:] >= 0).to(torch.int16) for n in pool.token_names)
-        if not torch.equal(bound, pool.vids.binds[1:]):
+        bound = sum((pool.bands[n].v2p[1:] >= 0).astype(np.int16) for n in pool.token_names)
+        if not np.array_equal(bound, pool.vids.binds[1:]):
             out.append("[token ids] bind counts differ from the bands' tables")
     for b in pool.layout.bands:
         if b.unit is Unit.REQUEST:
-            bound = (pool.bands[b.name].v2p[1:] >= 0).to(torch.int16)
-            if not torch.equal(bound, pool.state_ids[b.name].binds[1:]):
+            bound = (pool.bands[b.name].v2p[1:] >= 0).astype(np.int16)
+            if not np.array_equal(bound, pool.state_ids[b.name].binds[1:]):
                 out.append(f"[{b.name} ids] bind counts differ from the band's table")
     return out

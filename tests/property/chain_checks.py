@@ -235,7 +235,7 @@ def fresh_violations(pool, fresh) -> list[str]:
         out.append(f"capacity views {capacity_views(pool)} != fresh {capacity_views(fresh)}")
     for name in pool.bands:
         a, b = pool.bands[name], fresh.bands[name]
-        if not (torch.equal(a.v2p, b.v2p) and torch.equal(a.p2v, b.p2v)):
+        if not ((a.v2p == b.v2p).all() and (a.p2v == b.p2v).all()):
             out.append(f"[{name}] page tables differ from a fresh pool's")
     if sorted(pool.vids.free.tolist()) != sorted(fresh.vids.free.tolist()):
         out.append("free virtual ids differ from a fresh pool's")

@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from typing import Callable, NamedTuple
 
+import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import HypothesisException
 from hypothesis.stateful import run_state_machine_as_test
@@ -23,7 +23,7 @@ from hypothesis.stateful import run_state_machine_as_test
 import unikv.extent as extent_mod
 from chain_machine import machine_for
 from unikv.backends import SimBackend
-from unikv.bands import EndBand
+from unikv.bands import BandAllocator, EndBand
 from unikv.chain import Chain
 from unikv.extent import float_region
 from unikv.hazards import Hazards
@@ -67,12 +67,17 @@ def absorb_off_by_one(mp) -> None:
 
 def remap_keeps_stale_p2v(mp) -> None:
     """The remap after a move forgets to wipe `p2v` at the sources."""
-    def planted(src, dst, v2p, p2v):
-        v = p2v.index_select(0, src)
-        p2v[dst] = v
-        v2p[v] = dst
-        return v
-    mp.setattr(SimBackend, "remap_moved", staticmethod(planted))
+    def planted(self, src, dst):
+        if not len(src):
+            return
+        s, d = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        self.backend.move_pages(self.ctx.buffer, self.page_bytes, s, d)
+        v = self.p2v[s]
+        self.p2v[d] = v
+        self.v2p[v] = d
+        self.counters.moves += len(s)
+        self.counters.moved_bytes += len(s) * self.page_bytes
+    mp.setattr(BandAllocator, "move", planted)
 
 
 def memo_ignores_epoch(mp) -> None:
@@ -109,10 +114,10 @@ def pending_reused_early(mp) -> None:
     """Pages a non-urgent flush vacated are reused before the forward that
     reads them has finished."""
     def planted(self, urgent):
-        ready = [tensor for _, _, tensor in self.pending]
+        ready = [p for _, pages in self.pending for p in pages]
         self.pending, self.pending_set = [], set()
         if ready:
-            self.holes = torch.cat([self.holes, *ready])
+            self.holes = np.concatenate([self.holes, np.asarray(ready, dtype=np.int64)])
     mp.setattr(EndBand, "_drain_pending", planted)
 
 
@@ -120,7 +125,7 @@ def id_returned_while_bound(mp) -> None:
     """A release returns a virtual page to the free list while another band
     still binds it."""
     def planted(self, ids):
-        if ids.numel():
+        if len(ids):
             self.binds[ids] -= 1
             self._push(ids)
     mp.setattr(IdSpace, "drop", planted)
@@ -130,9 +135,9 @@ def page_representatives_skip(mp) -> None:
     """A window release with a mid-page `start_pos` skips the second page."""
     def planted(ids, start_pos, page_size):
         offset = start_pos % page_size
-        if page_size == 1 or ids.numel() == 0 or offset == 0:
-            return ids if page_size == 1 or ids.numel() == 0 else ids[::page_size]
-        return torch.cat([ids[:1], ids[page_size - offset + page_size::page_size]])
+        if page_size == 1 or len(ids) == 0 or offset == 0:
+            return ids if page_size == 1 or len(ids) == 0 else ids[::page_size]
+        return np.concatenate([ids[:1], ids[page_size - offset + page_size::page_size]])
     mp.setattr(paged, "page_representatives", planted)
 
 

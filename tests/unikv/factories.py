@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from unikv import Band, Layout, OraclePool, StaticPartitionPool, UnifiedPool
@@ -68,9 +69,9 @@ def read(pool, ids: torch.Tensor, band: str) -> torch.Tensor:
 
 def snapshot(pool) -> dict:
     """Everything a rejected call must leave unchanged."""
-    out = {"occ": pool.occupancy(), "avail": pool.available_size(), "free": pool.vids.free.clone()}
+    out = {"occ": pool.occupancy(), "avail": pool.available_size(), "free": pool.vids.free.copy()}
     for name, b in pool.bands.items():
-        out[name] = (b.v2p.clone(), b.p2v.clone())
+        out[name] = (b.v2p.copy(), b.p2v.copy())
     if pool.buffer is not None:
         out["bytes"] = pool.buffer.clone()
     return out
@@ -80,10 +81,13 @@ def same(a: dict, b: dict) -> bool:
     for k in a:
         x, y = a[k], b[k]
         if isinstance(x, tuple):
-            if not all(torch.equal(p, q) for p, q in zip(x, y)):
+            if not all(np.array_equal(p, q) for p, q in zip(x, y)):
                 return False
         elif isinstance(x, torch.Tensor):
             if not torch.equal(x, y):
+                return False
+        elif isinstance(x, np.ndarray):
+            if not np.array_equal(x, y):
                 return False
         elif x != y:
             return False

@@ -71,7 +71,7 @@ def test_lazy_flush_packs_top_survivor_into_deepest_hole_then_absorbs():
     data = fill(p, v, "full", 2)
     p.free(v[[1, 3]])  # holes at 2 and 4
     assert p.flush() == 1  # 5 -> 2; then 4 and 5 sit at the frontier
-    assert wm(p) == 4 and p.bands["full"].holes.numel() == 0
+    assert wm(p) == 4 and p.bands["full"].holes.size == 0
     keep = v[[0, 2, 4]]
     assert p.translate(keep, "full").tolist() == [1, 3, 2]
     assert torch.equal(read(p, keep, "full"), data[[0, 2, 4]])
@@ -82,7 +82,7 @@ def test_lazy_free_of_everything_resets_the_frontier():
     p = pool(one_band("down"), "lazy")
     v = p.alloc(4)
     p.free(v)
-    assert wm(p) == 10 and p.bands["full"].holes.numel() == 0
+    assert wm(p) == 10 and p.bands["full"].holes.size == 0
 
 
 def test_non_urgent_flush_respects_the_move_cap():
@@ -146,7 +146,7 @@ def test_urgent_flush_packs_fully_in_one_pass():
     p.release(v[[1, 3, 5, 7]], "swa")  # swa phys 90..99: holes 91, 93, 95, 97
     assert p.flush(urgent=True) == 2  # 90->97, 92->95; then 94 > 93: the walks crossed
     swa = p.bands["swa"]
-    assert swa.watermark == 94 and swa.holes.numel() == 0
+    assert swa.watermark == 94 and swa.holes.size == 0
     keep = v[[0, 2, 4, 6, 8, 9]]
     assert torch.equal(read(p, keep, "swa"), data[[0, 2, 4, 6, 8, 9]])
     assert p.verify() == []

@@ -1,8 +1,11 @@
 """The CUDA backend: a real byte buffer, Triton table and move kernels, CUDA events.
 
+The allocator decides on the host (`unikv.tables`); this backend mirrors the
+page tables on the device (one upload + one scatter launch per commit),
+moves pages with the Triton move kernel and translates ids on the device.
 Triton is imported when the backend is built, never by `import
-unikv.backends`. Without Triton the backend still runs, on torch versions of
-every kernel (`reference.py` / `reference.py`). On a CPU device
+unikv.backends`. Without Triton the backend still runs, on the torch
+versions of every kernel (`unikv.kernels.reference`). On a CPU device
 (`CudaBackend(device="cpu")`) the Triton launchers run their kernels through
 Triton's interpreter when the process imported Triton with
 `TRITON_INTERPRET=1`, else the torch references; events are then always done.
@@ -13,33 +16,26 @@ from __future__ import annotations
 
 import contextlib
 from types import SimpleNamespace
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
+import numpy as np
 import torch
 
 
 def _kernel_ops() -> SimpleNamespace:
     """The Triton launchers, or torch fallbacks when Triton is missing."""
     try:
-        from unikv.kernels import triton_move, triton_paged, triton_tables
+        from unikv.kernels import triton_move, triton_tables
     except ImportError:
         from unikv.kernels import reference
-        from unikv.kernels import reference as extra
 
         def move(buffer, page_bytes, src, dst, disjoint=None):
             reference.move_pages(buffer, page_bytes, src, dst)
 
-        def extend(prefix, seq, last, pages, page_size, total_tokens=None):
-            return extra.paged_extend(prefix, seq, last, pages, page_size, total_tokens)
-
-        return SimpleNamespace(triton=False, bind=reference.bind, alloc_bind=extra.alloc_bind,
-                               free_unbind=reference.free_unbind, remap_moved=reference.remap_moved,
-                               translate=reference.translate, move_pages=move,
-                               paged_extend=extend, paged_decode=extra.paged_decode)
-    return SimpleNamespace(triton=True, bind=triton_tables.bind, alloc_bind=triton_tables.alloc_bind,
-                           free_unbind=triton_tables.free_unbind, remap_moved=triton_tables.remap_moved,
-                           translate=triton_tables.translate, move_pages=triton_move.move_pages,
-                           paged_extend=triton_paged.paged_extend, paged_decode=triton_paged.paged_decode)
+        return SimpleNamespace(triton=False, scatter=reference.scatter, translate=reference.translate,
+                               move_pages=move)
+    return SimpleNamespace(triton=True, scatter=triton_tables.scatter, translate=triton_tables.translate,
+                           move_pages=triton_move.move_pages)
 
 
 class DoneEvent:
@@ -74,6 +70,7 @@ class CudaBackend:
     """
 
     materialized = True
+    shares_host_memory = False
 
     def __init__(self, device: str | torch.device = "cuda", stream: Optional[Any] = None) -> None:
         dev = torch.device(device)
@@ -108,31 +105,39 @@ class CudaBackend:
         with self._on_stream():
             return torch.empty(total_bytes, dtype=torch.uint8, device=self.device)
 
-    def table(self, size: int) -> torch.Tensor:
+    def mirror(self, host: np.ndarray) -> torch.Tensor:
+        """A device copy of the host table arena (separate memory, also on a
+        CPU device, so the commit path is exercised there too)."""
         with self._on_stream():
-            return torch.full((size,), -1, dtype=torch.int64, device=self.device)
+            return torch.from_numpy(host).to(self.device, copy=True)
 
-    def ids(self, values: Sequence[int]) -> torch.Tensor:
-        """Host ints -> int64 device tensor: a pinned staging copy and an
-        asynchronous upload (the caching host allocator keeps the pinned
-        block alive until the copy has run)."""
-        if isinstance(values, torch.Tensor):
-            return values.to(device=self.device, dtype=torch.int64)
+    def upload(self, values: np.ndarray) -> torch.Tensor:
+        """Host int64 values -> device, through pinned memory, asynchronously
+        (the caching host allocator keeps the pinned block alive until the
+        copy has run)."""
+        return self._upload(values)[0]
+
+    def _upload(self, *arrays: np.ndarray) -> list[torch.Tensor]:
+        """Equal-length int64 host arrays in one pinned staging block and one
+        copy; returns their device rows."""
+        n = len(arrays[0])
         if not self.cuda:
-            return torch.tensor(values, dtype=torch.int64)
-        if len(values) == 0:
-            return torch.empty(0, dtype=torch.int64, device=self.device)
-        host = torch.tensor(values, dtype=torch.int64, pin_memory=True)
+            return [torch.from_numpy(np.array(a, dtype=np.int64)) for a in arrays]
+        host = torch.empty((len(arrays), n), dtype=torch.int64, pin_memory=True)
+        staged = host.numpy()
+        for row, a in zip(staged, arrays):
+            row[:] = a
         with self._on_stream():
-            return host.to(self.device, non_blocking=True)
+            dev = host.to(self.device, non_blocking=True)
+        return list(dev)
 
-    def arange(self, start: int, end: int) -> torch.Tensor:
+    def scatter(self, table: torch.Tensor, idx: np.ndarray, values: np.ndarray) -> None:
+        """`table[idx] = values`: one upload of both arrays, one launch."""
+        if len(idx) == 0:
+            return
+        i, v = self._upload(idx, values)
         with self._on_stream():
-            return torch.arange(start, end, dtype=torch.int64, device=self.device)
-
-    def to_host(self, t: torch.Tensor) -> list[int]:
-        """Host copy of an int tensor (a device->host sync on CUDA)."""
-        return t.tolist()
+            self.ops.scatter(table, i, v)
 
     # -- events --
 
@@ -158,42 +163,16 @@ class CudaBackend:
 
     # -- kernels --
 
-    def bind(self, v_pages, p_pages, v2p, p2v) -> None:
-        with self._on_stream():
-            self.ops.bind(v_pages, p_pages, v2p, p2v)
-
-    def alloc_bind(self, v_pages, start, v2p, p2v) -> torch.Tensor:
-        """Bind `v_pages` to fresh physical pages `[start, start + n)` in one
-        launch; returns those pages."""
-        with self._on_stream():
-            return self.ops.alloc_bind(v_pages, start, v2p, p2v)
-
-    def free_unbind(self, v_pages, v2p, p2v) -> torch.Tensor:
-        with self._on_stream():
-            return self.ops.free_unbind(v_pages, v2p, p2v)
-
-    def remap_moved(self, src, dst, v2p, p2v) -> torch.Tensor:
-        with self._on_stream():
-            return self.ops.remap_moved(src, dst, v2p, p2v)
-
-    def move_pages(self, buffer, page_bytes: int, src, dst, disjoint: Optional[bool] = None) -> None:
-        """Copy page rows `src -> dst` (see `triton_move.move_pages`; without
-        `disjoint=True` it reads the page lists to the host once)."""
-        if buffer is None:
+    def move_pages(self, buffer, page_bytes: int, src: np.ndarray, dst: np.ndarray,
+                   disjoint: Optional[bool] = None) -> None:
+        """Copy page rows `src -> dst` (see `triton_move.move_pages`); the
+        page lists travel in one upload."""
+        if buffer is None or len(src) == 0:
             return
+        s, d = self._upload(src, dst)
         with self._on_stream():
-            self.ops.move_pages(buffer, page_bytes, src, dst, disjoint=disjoint)
+            self.ops.move_pages(buffer, page_bytes, s, d, disjoint=disjoint)
 
     def translate(self, v_tokens, v2p, page_size: int, multiplier: int = 1) -> torch.Tensor:
         with self._on_stream():
             return self.ops.translate(v_tokens, v2p, page_size, multiplier)
-
-    def paged_extend(self, prefix_lens, seq_lens, last_loc, new_pages, page_size: int,
-                     total_tokens: Optional[int] = None) -> torch.Tensor:
-        with self._on_stream():
-            return self.ops.paged_extend(prefix_lens, seq_lens, last_loc, new_pages, page_size,
-                                         total_tokens=total_tokens)
-
-    def paged_decode(self, seq_lens, last_loc, new_pages, page_size: int) -> torch.Tensor:
-        with self._on_stream():
-            return self.ops.paged_decode(seq_lens, last_loc, new_pages, page_size)

@@ -1,9 +1,10 @@
-"""The sim backend: CPU tensors, optional real bytes, simulated events."""
+"""The sim backend: CPU memory, optional real bytes, simulated events."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from unikv.kernels import reference
@@ -54,11 +55,17 @@ class SimEvent:
 class SimBackend:
     """CPU backend for simulation and tests.
 
+    The "device" is the host: page tables are the allocator's own host
+    arrays (no commit needed) and ids are handed out as CPU tensors sharing
+    the allocator's memory.
+
     Args:
         materialize: allocate a real byte buffer whose page moves copy bytes
             (so tests can prove moves keep data intact); False keeps byte
             accounting only, for fast simulation.
     """
+
+    shares_host_memory = True
 
     def __init__(self, materialize: bool = False) -> None:
         self.materialized = bool(materialize)
@@ -72,17 +79,14 @@ class SimBackend:
             return None
         return torch.zeros(total_bytes, dtype=torch.uint8)
 
-    def table(self, size: int) -> torch.Tensor:
-        return torch.full((size,), -1, dtype=torch.int64)
+    def mirror(self, host: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(host)
 
-    def ids(self, values: Sequence[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64)
+    def scatter(self, table: torch.Tensor, idx: np.ndarray, values: np.ndarray) -> None:
+        raise RuntimeError("internal: the sim backend's tables are the host tables; nothing to commit")
 
-    def arange(self, start: int, end: int) -> torch.Tensor:
-        return torch.arange(start, end, dtype=torch.int64)
-
-    def to_host(self, t: torch.Tensor) -> list[int]:
-        return t.tolist()
+    def upload(self, values: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(values)
 
     def new_event(self, label: str = "") -> SimEvent:
         return SimEvent(label)
@@ -93,14 +97,8 @@ class SimBackend:
     def wait_event(self, event: SimEvent) -> None:
         event.synchronize()
 
-    bind = staticmethod(reference.bind)
-    alloc_bind = staticmethod(reference.alloc_bind)
-    free_unbind = staticmethod(reference.free_unbind)
-    remap_moved = staticmethod(reference.remap_moved)
     translate = staticmethod(reference.translate)
-    paged_extend = staticmethod(reference.paged_extend)
-    paged_decode = staticmethod(reference.paged_decode)
 
-    def move_pages(self, buffer, page_bytes: int, src, dst, disjoint=None) -> None:
+    def move_pages(self, buffer, page_bytes: int, src: np.ndarray, dst: np.ndarray, disjoint=None) -> None:
         if buffer is not None:  # gather-then-scatter: any overlap is fine
-            reference.move_pages(buffer, page_bytes, src, dst)
+            reference.move_pages(buffer, page_bytes, torch.from_numpy(src), torch.from_numpy(dst))

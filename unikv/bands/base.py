@@ -5,12 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
+import numpy as np
 import torch
 
 from unikv.extent import Extent, Kind, take
 from unikv.hazards import Epoch, Hazards
 from unikv.layout import BandGeometry
 from unikv.stats import BandCounters
+from unikv.tables import PageTables
+
+EMPTY = np.zeros(0, dtype=np.int64)
 
 if TYPE_CHECKING:
     from unikv.chain import Chain
@@ -25,7 +29,7 @@ class BandContext:
     epoch: Epoch
     hazards: Hazards
     chain: "Chain"
-    vspace: int  # size of the virtual page id space this band's v2p covers
+    tables: PageTables  # the pool's table arena; this band's tables are named after it
     lazy: bool  # END bands: lazy (True) or eager (False) compaction
     move_cap: int  # most survivor moves one non-urgent flush makes
     regions: Optional[dict] = None  # static split: band name -> (low, high) pages
@@ -35,9 +39,11 @@ class BandAllocator:
     """One band's mechanism: its page tables and its occupied range.
 
     Subclasses define how pages are taken and returned (`take`, `release`),
-    what a flush does, and their own conservation checks. Page tables:
+    what a flush does, and their own conservation checks. Page tables (host
+    int64 arrays, mirrored on the device as `v2p_dev` / `p2v_dev`):
     `v2p[v]` is the physical page of virtual page `v` (-1 unbound) and
-    `p2v[p]` its inverse; entry 0 of both is the sink.
+    `p2v[p]` its inverse; entry 0 of both is the sink. Page lists (holes,
+    pages taken or freed) are host int64 arrays.
     """
 
     kind: Kind
@@ -50,10 +56,11 @@ class BandAllocator:
         self.backend = ctx.backend
         self.epoch = ctx.epoch
         self.counters = counters
-        self.v2p = self.backend.table(ctx.vspace)
-        self.p2v = self.backend.table(geom.num_pages)
-        self.v2p[0] = 0
-        self.p2v[0] = 0
+        self.tables = ctx.tables
+        view = ctx.tables.views[self.name]
+        self.v2p, self.p2v = view.v2p, view.p2v
+        self.v2p_dev, self.p2v_dev = view.v2p_dev, view.p2v_dev
+        self._v_at, self._p_at = view.v2p_at, view.p2v_at
         self.reset()
 
     # -- state every subclass defines --
@@ -65,7 +72,7 @@ class BandAllocator:
     def extent(self) -> Extent:
         raise NotImplementedError
 
-    def take(self, n: int) -> Optional[torch.Tensor]:
+    def take(self, n: int) -> Optional[np.ndarray]:
         """Physical pages for `n` new live pages, or None (state unchanged):
         the holes the chain arithmetic drains, then the fresh frontier pages."""
         chain = self.chain_extents()
@@ -78,13 +85,13 @@ class BandAllocator:
         self.apply_extent(new)
         if new.live - old.live == drain:
             return drained
-        return torch.cat([drained, self.fresh_pages(old, new)])
+        return np.concatenate([drained, self.fresh_pages(old, new)])
 
     def apply_extent(self, new: Extent) -> None:
         """Adopt the frontier and live count of `new` after a take."""
         raise NotImplementedError
 
-    def release(self, p_pages: torch.Tensor) -> int:
+    def release(self, p_pages: np.ndarray) -> int:
         """Return pages already unbound from the tables; returns page moves."""
         raise NotImplementedError
 
@@ -101,10 +108,7 @@ class BandAllocator:
     # -- shared --
 
     def clear(self) -> None:
-        self.v2p.fill_(-1)
-        self.p2v.fill_(-1)
-        self.v2p[0] = 0
-        self.p2v[0] = 0
+        """Back to empty (the pool resets the table arena itself)."""
         self.reset()
 
     @property
@@ -118,52 +122,65 @@ class BandAllocator:
     def chain_extents(self) -> list[Extent]:
         return self.ctx.chain.extents()
 
-    def bind(self, v_pages: torch.Tensor, p_pages: torch.Tensor) -> None:
-        self.backend.bind(v_pages, p_pages, self.v2p, self.p2v)
-        self.counters.allocated_pages += int(v_pages.numel())
+    def bind(self, v_pages: np.ndarray, p_pages: np.ndarray) -> None:
+        self.v2p[v_pages] = p_pages
+        self.p2v[p_pages] = v_pages
+        self.tables.touch(self._v_at, v_pages)
+        self.tables.touch(self._p_at, p_pages)
+        self.counters.allocated_pages += len(v_pages)
 
-    def unbind(self, v_pages: torch.Tensor) -> torch.Tensor:
+    def unbind(self, v_pages: np.ndarray) -> np.ndarray:
         """Tombstone `v_pages` (all bound here); return their physical pages."""
-        self.counters.freed_pages += int(v_pages.numel())
-        return self.backend.free_unbind(v_pages, self.v2p, self.p2v)
+        p_pages = self.v2p[v_pages]
+        self.v2p[v_pages] = -1
+        self.p2v[p_pages] = -1
+        self.tables.touch(self._v_at, v_pages)
+        self.tables.touch(self._p_at, p_pages)
+        self.counters.freed_pages += len(v_pages)
+        return p_pages
 
     def move(self, src: Sequence[int], dst: Sequence[int]) -> None:
         """Copy live pages `src -> dst` and rebind their virtual pages.
 
-        `src` and `dst` may overlap as an ordered shift (see the backend's
-        `move_pages` contract).
+        `src` and `dst` may overlap as an ordered shift: every source is read
+        before any destination is written.
         """
-        if not src:
+        if not len(src):
             return
-        s, d = self.backend.ids(list(src)), self.backend.ids(list(dst))
-        disjoint = set(src).isdisjoint(dst)  # known on the host: spares the backend a read
+        s = np.asarray(src, dtype=np.int64)
+        d = np.asarray(dst, dtype=np.int64)
+        disjoint = len(np.intersect1d(s, d)) == 0
         self.backend.move_pages(self.ctx.buffer, self.page_bytes, s, d, disjoint=disjoint)
-        self.backend.remap_moved(s, d, self.v2p, self.p2v)
-        self.counters.moves += len(src)
-        self.counters.moved_bytes += len(src) * self.page_bytes
+        v = self.p2v[s]
+        self.p2v[s] = -1
+        self.p2v[d] = v
+        self.v2p[v] = d
+        self.tables.touch(self._p_at, np.concatenate([s, d]))
+        self.tables.touch(self._v_at, v)
+        self.counters.moves += len(s)
+        self.counters.moved_bytes += len(s) * self.page_bytes
 
-    def fresh_pages(self, old: Extent, new: Extent) -> torch.Tensor:
+    def fresh_pages(self, old: Extent, new: Extent) -> np.ndarray:
         """The pages an extent change added at the frontier, ascending."""
         if new.low < old.low and not old.transparent:
-            return self.backend.arange(new.low, old.low)
+            return np.arange(new.low, old.low, dtype=np.int64)
         if new.high > old.high and not old.transparent:
-            return self.backend.arange(old.high, new.high)
-        return self.backend.arange(new.low, new.high)
+            return np.arange(old.high, new.high, dtype=np.int64)
+        return np.arange(new.low, new.high, dtype=np.int64)
 
     def table_violations(self, live: int) -> list[str]:
         """Inverse tables, live count and live pages inside the occupied range."""
         out: list[str] = []
-        v2p, p2v = self.v2p[1:], self.p2v[1:]
-        bound_v = torch.nonzero(v2p >= 0).flatten() + 1
-        bound_p = torch.nonzero(p2v >= 0).flatten() + 1
-        if bound_v.numel() != live or bound_p.numel() != live:
+        bound_v = np.flatnonzero(self.v2p[1:] >= 0) + 1
+        bound_p = np.flatnonzero(self.p2v[1:] >= 0) + 1
+        if len(bound_v) != live or len(bound_p) != live:
             out.append(
-                f"[{self.name}] live pages {live} != bound virtual {bound_v.numel()} "
-                f"/ bound physical {bound_p.numel()}"
+                f"[{self.name}] live pages {live} != bound virtual {len(bound_v)} "
+                f"/ bound physical {len(bound_p)}"
             )
             return out
         phys = self.v2p[bound_v]
-        if not torch.equal(self.p2v[phys], bound_v):
+        if not np.array_equal(self.p2v[phys], bound_v):
             out.append(f"[{self.name}] v2p and p2v are not inverse on live pages")
         e = self.extent()
         if e.kind not in (Kind.BUDGET,) and live:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
+import numpy as np
 
-from unikv.bands.base import BandAllocator
+from unikv.bands.base import EMPTY, BandAllocator
 from unikv.extent import Extent, Kind
 from unikv.hazards import Tracked
 from unikv.layout import Grow
@@ -26,7 +26,7 @@ class EndBand(BandAllocator):
 
     watermark = Tracked()
     live = Tracked()
-    holes = Tracked()  # int64 tensor of free physical pages inside the range
+    holes = Tracked()  # int64 host array of free physical pages inside the range
 
     def reset(self) -> None:
         self.kind = Kind.UP if self.geom.band.grow is Grow.UP else Kind.DOWN
@@ -34,13 +34,13 @@ class EndBand(BandAllocator):
         self.live = 0
         self._reset_frontier()
         # Pages a move vacated while the forward still read them:
-        # [(event, host page list, device tensor)], oldest first.
-        self.pending: list[tuple[object, list[int], torch.Tensor]] = []
+        # [(event, page list)], oldest first.
+        self.pending: list[tuple[object, list[int]]] = []
         self.pending_set: set[int] = set()
 
     def _reset_frontier(self) -> None:
         self.watermark = self.geom.min_page if self.up else self.geom.num_pages
-        self.holes = self.backend.arange(0, 0)
+        self.holes = EMPTY
 
     @property
     def lazy(self) -> bool:
@@ -55,7 +55,7 @@ class EndBand(BandAllocator):
         low, high = self.span()
         g = self.geom
         return Extent(self.kind, g.page_bytes, g.min_page, g.num_pages, low, high,
-                      int(self.holes.numel()), self.live)
+                      len(self.holes), self.live)
 
     def pending_pages(self) -> int:
         return len(self.pending_set)
@@ -66,8 +66,8 @@ class EndBand(BandAllocator):
         self.watermark = new.high if self.up else new.low
         self.live = new.live
 
-    def release(self, p_pages: torch.Tensor) -> int:
-        n = int(p_pages.numel())
+    def release(self, p_pages: np.ndarray) -> int:
+        n = len(p_pages)
         if n == 0:
             return 0
         if self.lazy:
@@ -75,9 +75,9 @@ class EndBand(BandAllocator):
             if self.live == 0 and not self.pending:
                 self._reset_frontier()  # nothing live: the whole range is free
             else:
-                self.holes = torch.cat([self.holes, p_pages])
+                self.holes = np.concatenate([self.holes, p_pages])
             return 0
-        return self._compact_now(self.backend.to_host(p_pages))
+        return self._compact_now(p_pages.tolist())
 
     def _compact_now(self, freed: list[int]) -> int:
         """Eager: retreat the watermark by the freed count and move the
@@ -108,10 +108,10 @@ class EndBand(BandAllocator):
             return 0
         self.counters.flushes += 1
         self.counters.urgent_flushes += int(urgent)
-        if not self.pending and self.holes.numel() == 0:
-            return 0  # nothing freed since the last flush: no host read
+        if not self.pending and len(self.holes) == 0:
+            return 0  # nothing freed since the last flush
         self._drain_pending(urgent)
-        holes = self._absorb(sorted(self.backend.to_host(self.holes)))
+        holes = self._absorb(sorted(self.holes.tolist()))
         if not holes:
             return 0
         if urgent:
@@ -125,7 +125,7 @@ class EndBand(BandAllocator):
         left = [h for h in holes if h not in moved_to]
         reader = None if urgent else self.ctx.hazards.pending_event()
         if reader is not None and srcs:
-            self.pending.append((reader, srcs, self.backend.ids(srcs)))
+            self.pending.append((reader, srcs))
             self.pending_set.update(srcs)
             self.counters.pending_peak = max(self.counters.pending_peak, len(self.pending_set))
         else:
@@ -136,17 +136,17 @@ class EndBand(BandAllocator):
     def _drain_pending(self, urgent: bool) -> None:
         """Return vacated pages whose reader finished to the hole list."""
         keep, ready = [], []
-        for event, pages, tensor in self.pending:
+        for event, pages in self.pending:
             if urgent and not self.backend.event_done(event):
                 self.backend.wait_event(event)
             if self.backend.event_done(event):
-                ready.append(tensor)
+                ready += pages
                 self.pending_set.difference_update(pages)
             else:
-                keep.append((event, pages, tensor))
+                keep.append((event, pages))
         self.pending = keep
         if ready:
-            self.holes = torch.cat([self.holes, *ready])
+            self.holes = np.concatenate([self.holes, np.asarray(ready, dtype=np.int64)])
 
     def _absorb(self, holes: list[int]) -> list[int]:
         """Retreat the watermark past holes touching it; keep the rest as the
@@ -164,7 +164,7 @@ class EndBand(BandAllocator):
         self.counters.absorbed_pages += abs(wm - self.watermark)
         self.watermark = wm
         rest = sorted(hole_set)
-        self.holes = self.backend.ids(rest if self.up else rest[::-1])
+        self.holes = np.asarray(rest if self.up else rest[::-1], dtype=np.int64)
         return rest
 
     def _plan_pack(self, holes: list[int], cap: Optional[int], blocked: set[int]):
@@ -191,7 +191,7 @@ class EndBand(BandAllocator):
     def violations(self) -> list[str]:
         out: list[str] = []
         low, high = self.span()
-        holes = self.backend.to_host(self.holes)
+        holes = self.holes.tolist()
         span = high - low
         if span != self.live + len(holes) + len(self.pending_set):
             out.append(
@@ -203,6 +203,6 @@ class EndBand(BandAllocator):
             out.append(f"[{self.name}] a page is listed twice among holes / pending")
         if any(not low <= p < high for p in free):
             out.append(f"[{self.name}] a hole or pending page lies outside [{low}, {high})")
-        if free and bool((self.p2v[self.backend.ids(sorted(free))] >= 0).any()):
+        if free and bool((self.p2v[sorted(free)] >= 0).any()):
             out.append(f"[{self.name}] a hole or pending page is still bound in p2v")
         return out + self.table_violations(self.live)

@@ -9,10 +9,9 @@ it occupies no bytes and its neighbours see straight through it.
 
 from __future__ import annotations
 
+import numpy as np
 
-import torch
-
-from unikv.bands.base import BandAllocator
+from unikv.bands.base import EMPTY, BandAllocator
 from unikv.extent import Extent, Kind, float_gaps, float_region
 from unikv.hazards import Tracked
 from unikv.layout import Side
@@ -29,29 +28,29 @@ class FloatBand(BandAllocator):
     def reset(self) -> None:
         self.low = 0
         self.high = 0
-        self.holes = self.backend.arange(0, 0)
+        self.holes = EMPTY
         # Frees since the last absorb: only a free can put a hole on a
         # boundary, so a clean flag lets the absorb skip its host read.
         self.dirty = False
 
     @property
     def live(self) -> int:
-        return self.high - self.low - int(self.holes.numel())
+        return self.high - self.low - len(self.holes)
 
     def extent(self) -> Extent:
         g = self.geom
         return Extent(Kind.FLOAT, g.page_bytes, g.min_page, g.num_pages, self.low, self.high,
-                      int(self.holes.numel()), self.live)
+                      len(self.holes), self.live)
 
     # -- take / release --
 
     def apply_extent(self, new: Extent) -> None:
         self.low, self.high = new.low, new.high
 
-    def release(self, p_pages: torch.Tensor) -> int:
-        if p_pages.numel() == 0:
+    def release(self, p_pages: np.ndarray) -> int:
+        if len(p_pages) == 0:
             return 0
-        self.holes = torch.cat([self.holes, p_pages])
+        self.holes = np.concatenate([self.holes, p_pages])
         self.dirty = True
         self._park_if_empty()
         return 0
@@ -74,7 +73,7 @@ class FloatBand(BandAllocator):
         if self._park_if_empty() or not self.dirty:
             return 0
         self.dirty = False
-        holes = set(self.backend.to_host(self.holes))
+        holes = set(self.holes.tolist())
         low, high = self.low, self.high
         while low in holes:
             holes.discard(low)
@@ -85,7 +84,7 @@ class FloatBand(BandAllocator):
         freed = (self.high - self.low) - (high - low)
         if freed:
             self.low, self.high = low, high
-            self.holes = self.backend.ids(sorted(holes))
+            self.holes = np.asarray(sorted(holes), dtype=np.int64)
             self.counters.absorbed_pages += freed
         return freed
 
@@ -113,7 +112,7 @@ class FloatBand(BandAllocator):
         if (hi - lo - self.live) * self.page_bytes < min_bytes:
             return open_now
         need = -(-(min_bytes - open_now) // self.page_bytes)
-        holes = set(self.backend.to_host(self.holes))
+        holes = set(self.holes.tolist())
         live = [p for p in range(self.low, self.high) if p not in holes]
         plan = self._boundary_plan(side, need, holes, live, lo, hi)
         if plan is None:
@@ -153,9 +152,9 @@ class FloatBand(BandAllocator):
         """Close every hole, packing live pages away from `retreat_side`
         (order kept); returns page moves."""
         self.absorb()
-        if self.holes.numel() == 0:
+        if len(self.holes) == 0:
             return 0
-        holes = set(self.backend.to_host(self.holes))
+        holes = set(self.holes.tolist())
         live = [p for p in range(self.low, self.high) if p not in holes]
         if retreat_side is Side.HIGH:
             packed = range(self.low, self.low + len(live))
@@ -171,21 +170,21 @@ class FloatBand(BandAllocator):
             self.move([s for s, _ in pairs], [d for _, d in pairs])
             self.counters.relocations += 1
         moved = {s for s, _ in pairs}
-        holes = set(self.backend.to_host(self.holes))
+        holes = set(self.holes.tolist())
         live = {p for p in range(self.low, self.high) if p not in holes}
         live = (live - moved) | {d for _, d in pairs}
         self.low, self.high = min(live), max(live) + 1
-        self.holes = self.backend.ids(sorted(set(range(self.low, self.high)) - live))
+        self.holes = np.asarray(sorted(set(range(self.low, self.high)) - live), dtype=np.int64)
         return len(pairs)
 
     def violations(self) -> list[str]:
         out: list[str] = []
-        holes = self.backend.to_host(self.holes)
+        holes = self.holes.tolist()
         if len(set(holes)) != len(holes):
             out.append(f"[{self.name}] a hole is listed twice")
         if any(not self.low <= h < self.high for h in holes):
             out.append(f"[{self.name}] a hole lies outside the span [{self.low}, {self.high})")
-        if holes and bool((self.p2v[self.backend.ids(holes)] >= 0).any()):
+        if holes and bool((self.p2v[holes] >= 0).any()):
             out.append(f"[{self.name}] a hole is still bound in p2v")
         if self.live < 0:
             out.append(f"[{self.name}] span {self.high - self.low} < holes {len(holes)}")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
+import numpy as np
 
-from unikv.bands.base import BandAllocator
+from unikv.bands.base import EMPTY, BandAllocator
 from unikv.extent import Extent, Kind, take
 from unikv.hazards import Tracked
 
@@ -28,29 +28,29 @@ class RegionBand(BandAllocator):
         self.region_low, self.region_high = self.ctx.regions[self.name]
         self.fill = self.region_low
         self.live = 0
-        self.holes = self.backend.arange(0, 0)
+        self.holes = EMPTY
 
     def extent(self) -> Extent:
         g = self.geom
         return Extent(Kind.REGION, g.page_bytes, g.min_page, g.num_pages, self.region_low,
-                      self.fill, int(self.holes.numel()), self.live, cap=self.region_high)
+                      self.fill, len(self.holes), self.live, cap=self.region_high)
 
     def apply_extent(self, new: Extent) -> None:
         self.fill, self.live = new.high, new.live
 
-    def release(self, p_pages: torch.Tensor) -> int:
-        self.live = self.live - int(p_pages.numel())
+    def release(self, p_pages: np.ndarray) -> int:
+        self.live = self.live - len(p_pages)
         if self.live == 0:  # nothing live: the region is empty again
-            self.fill, self.holes = self.region_low, self.backend.arange(0, 0)
+            self.fill, self.holes = self.region_low, EMPTY
         else:
-            self.holes = torch.cat([self.holes, p_pages])
+            self.holes = np.concatenate([self.holes, p_pages])
         return 0
 
     def violations(self) -> list[str]:
         out = []
-        if self.fill - self.region_low != self.live + int(self.holes.numel()):
+        if self.fill - self.region_low != self.live + len(self.holes):
             out.append(f"[{self.name}] filled {self.fill - self.region_low} != live "
-                       f"{self.live} + holes {int(self.holes.numel())}")
+                       f"{self.live} + holes {len(self.holes)}")
         return out + self.table_violations(self.live)
 
 
@@ -63,11 +63,13 @@ class BudgetBand(BandAllocator):
 
     kind = Kind.BUDGET
     live = Tracked()
-    free_ids = Tracked()
 
     def reset(self) -> None:
         self.live = 0
-        self.free_ids = self.backend.arange(self.geom.min_page, self.geom.num_pages)
+        # Free page ids as a stack (next-to-take last): O(k) per call.
+        g = self.geom
+        self._stack = np.arange(g.num_pages - 1, g.min_page - 1, -1, dtype=np.int64)
+        self._top = len(self._stack)
 
     def extent(self) -> Extent:
         g = self.geom
@@ -75,16 +77,19 @@ class BudgetBand(BandAllocator):
         return Extent(Kind.BUDGET, g.page_bytes, g.min_page, g.num_pages, 0, 0, 0,
                       self.live, cap=budget)
 
-    def take(self, n: int) -> Optional[torch.Tensor]:
+    def take(self, n: int) -> Optional[np.ndarray]:
         if take(self.chain_extents(), self.index, n, self.total_bytes) is None:
             return None
-        pages, self.free_ids = self.free_ids[:n], self.free_ids[n:]
+        pages = self._stack[self._top - n:self._top][::-1].copy()
+        self._top -= n
         self.live = self.live + n
         return pages
 
-    def release(self, p_pages: torch.Tensor) -> int:
-        self.free_ids = torch.cat([self.free_ids, p_pages])
-        self.live = self.live - int(p_pages.numel())
+    def release(self, p_pages: np.ndarray) -> int:
+        k = len(p_pages)
+        self._stack[self._top:self._top + k] = p_pages
+        self._top += k
+        self.live = self.live - k
         return 0
 
     def violations(self) -> list[str]:
