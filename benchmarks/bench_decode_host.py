@@ -36,6 +36,7 @@ import torch
 MIB = 1 << 20
 PS = 16
 WINDOW = 256
+TOTAL_MIB = 4096  # the 3-band pool's buffer
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -48,7 +49,7 @@ def unikv_engine(batch: int, device: str):
     from unikv import Band, Layout, UnifiedPool
     from unikv.backends.cuda import CudaBackend
 
-    layout = Layout(total_bytes=4096 * MIB, bands=[
+    layout = Layout(total_bytes=TOTAL_MIB * MIB, bands=[
         Band("mamba", entry_bytes=64 * 1024, grow="up", unit="request"),
         Band("swa", entry_bytes=4096, grow="float", page_size=PS, blocks_per_page=8),
         Band("full", entry_bytes=12288, grow="down", page_size=PS, blocks_per_page=24),
@@ -72,25 +73,48 @@ def unikv_step(e: dict, step: int, finish_every: int) -> None:
     import numpy as np
 
     pool, lens, table = e["pool"], e["lens"], e["table"]
+    clock = Phases(e)
     rows = e["rows"]
     if finish_every and step % finish_every == finish_every - 1 and len(rows) > 1:
         r = int(rows[0])  # finished by the previous forward
         rows = e["rows"] = rows[1:]
         pool.free(table[r, :lens[r]])
         pool.free_state("mamba", e["states"][r:r + 1])
+    clock.lap("finish")
     seq = lens[rows] + 1
     new = pool.alloc_decode(seq, table[rows, seq - 2])
+    clock.lap("alloc_decode")
     table[rows, seq - 1] = new.numpy()
     lens[rows] = seq
     ends = np.maximum(0, seq - WINDOW) // PS * PS
     crossing = np.flatnonzero(ends > e["released"][rows])
     if len(crossing):  # one id per page that left the window, one call for the batch
-        reps = [table[r, e["released"][r]:end:PS] for r, end in zip(rows[crossing], ends[crossing])]
-        pool.release(np.concatenate(reps), band="swa")
-        e["released"][rows[crossing]] = ends[crossing]
+        r, start, end = rows[crossing], e["released"][rows[crossing]], ends[crossing]
+        if (end - start == PS).all():  # steady state: one page each
+            reps = table[r, start]
+        else:
+            reps = np.concatenate([table[i, a:b:PS] for i, a, b in zip(r, start, end)])
+        pool.release(reps, band="swa")
+        e["released"][r] = end
+    clock.lap("release")
     pool.flush()
+    clock.lap("flush")
     pool.translate(new, "full")
     pool.translate(new, "swa")
+    clock.lap("translate")
+
+
+class Phases:
+    """Host time of each phase of one step, appended to `e["phases"]`."""
+
+    def __init__(self, e: dict) -> None:
+        self.out = e.setdefault("phases", collections.defaultdict(list))
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.out[name].append((now - self.t) * 1e6)
+        self.t = now
 
 
 def upload(values: list[int], device: torch.device) -> torch.Tensor:
@@ -148,11 +172,13 @@ def baseline_engine(batch: int, device: str):
 
 def baseline_step(e: dict, step: int, finish_every: int) -> None:
     lens, rows = e["lens"], e["rows"]
+    clock = Phases(e)
     dev = e["tables"]["full"].device
     seq, row_idx = upload([lens[r] + 1 for r in rows], dev), upload(rows, dev)
     for name, alloc in e["alloc"].items():
         t = e["tables"][name]
         t[row_idx, seq - 1] = alloc.alloc_decode(seq, t[row_idx, seq - 2])
+    clock.lap("alloc_decode")
     for r in rows:
         lens[r] += 1
         end = (max(0, lens[r] - WINDOW) // PS) * PS
@@ -160,11 +186,13 @@ def baseline_step(e: dict, step: int, finish_every: int) -> None:
         if end > start:
             e["alloc"]["swa"].release_run(e["tables"]["swa"][r, start:end])
             e["released"][r] = end
+    clock.lap("release")
     if finish_every and step % finish_every == finish_every - 1 and len(rows) > 1:
         r = rows.pop(0)
         e["alloc"]["full"].free(e["tables"]["full"][r, :lens[r]])
         e["alloc"]["swa"].free(e["tables"]["swa"][r, e["released"][r]:lens[r]])
         e["state_free"].append(e["states"][r:r + 1])
+    clock.lap("finish")
 
 
 ENGINES = {"unikv_cuda": (unikv_engine, unikv_step), "plain_torch": (baseline_engine, baseline_step)}
@@ -219,11 +247,15 @@ def run(batch: int, engine: str, args) -> tuple[dict, list[dict]]:
     sites = collections.Counter()
     if args.device == "cuda":
         sites = count_syncs(step, e, args.sync_steps, args.finish_every, args.warmup + args.steps)
+    phases = {k: v[-args.steps:] for k, v in e.get("phases", {}).items()}
+    core = [a + r for a, r in zip(phases.get("alloc_decode", []), phases.get("release", []))]
     total = sum(sites.values())
     summary = {"bench": "decode_host", "allocator": engine, "batch": batch, "steps": args.steps,
                "host_us_median": round(statistics.median(us), 1), "host_us_mean": round(statistics.fmean(us), 1),
                "host_us_p90": round(sorted(us)[int(0.9 * (len(us) - 1))], 1),
-               "syncs_per_step": round(total / args.sync_steps, 2), "finish_every": args.finish_every}
+               "syncs_per_step": round(total / args.sync_steps, 2), "finish_every": args.finish_every,
+               "alloc_decode_release_us_median": round(statistics.median(core), 1) if core else None,
+               **{f"{k}_us_median": round(statistics.median(v), 1) for k, v in sorted(phases.items())}}
     site_rows = [{"bench": "sync_sites", "allocator": engine, "batch": batch, "site": k,
                   "syncs_per_step": round(v / args.sync_steps, 3)} for k, v in sites.most_common()]
     return summary, site_rows
@@ -271,8 +303,10 @@ def main(argv=None) -> int:
             s, site_rows = run(batch, engine, args)
             summaries.append({**row0, **s})
             sites += [{**row0, **r} for r in site_rows]
+            parts = ", ".join(f"{k[:-10]} {v}" for k, v in s.items() if k.endswith("_us_median")
+                              and k != "host_us_median")
             print(f"{engine:12} batch {batch:4d}: {s['host_us_median']:9.1f} us/step median "
-                  f"({s['host_us_p90']:.1f} p90), {s['syncs_per_step']:.2f} syncs/step", flush=True)
+                  f"({s['host_us_p90']:.1f} p90), {s['syncs_per_step']:.2f} syncs/step; {parts}", flush=True)
     append_csv(args.out, summaries)
     append_csv(sites_out, sites)
     for r in sites:

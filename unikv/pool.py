@@ -191,18 +191,19 @@ class UnifiedPool:
         """Fresh virtual pages bound on every token band, or None."""
         if pages == 0:
             return np.zeros(0, dtype=np.int64)
-        fits = lambda: self.chain.fits_joint(self.token_order, pages)  # noqa: E731
-        if not fits():
-            demand = {i: pages for i in self.token_order}
-            if not relieve(self.chain, demand, fits, self.counters):
+        plan = self.chain.plan_joint(self.token_order, pages)
+        if plan is None:
+            fits = lambda: self.chain.fits_joint(self.token_order, pages)  # noqa: E731
+            if not relieve(self.chain, {i: pages for i in self.token_order}, fits, self.counters):
                 return None
+            plan = self.chain.plan_joint(self.token_order, pages)
+            if plan is None:  # fits and the plan share one arithmetic
+                raise RuntimeError(f"internal: {pages} pages fit but no take plan exists")
+        old = self.chain.extents()
         v_pages = self.vids.take(pages)
         for i in self.token_order:
             band = self.chain.bands[i]
-            p_pages = band.take(pages)
-            if p_pages is None:  # the capacity view and take share one arithmetic
-                raise RuntimeError(f"internal: band {band.name!r} refused {pages} pages it reported free")
-            band.bind(v_pages, p_pages)
+            band.bind(v_pages, band.adopt(old[i], plan[i]))
         return v_pages
 
     def free(self, ids) -> int:
@@ -299,8 +300,10 @@ class UnifiedPool:
 
         `kernel=True` gives kernel-facing ids (page index scaled by
         `page_size * blocks_per_page`). Tombstoned and unbound ids -> 0, the
-        sink. Host ids are range-checked on the host and uploaded; device
-        ids are translated in place (their range check reads the device).
+        sink. Host ids are translated on the host tables (the truth) and the
+        result uploaded; device ids are translated on the device tables by
+        the backend's kernel (their range check reads the device). Either
+        way the device tables are committed first.
         """
         b = self._band(band)
         mult = b.geom.band.blocks_per_page if kernel else 1
@@ -314,12 +317,12 @@ class UnifiedPool:
             t = ids.reshape(-1).to(torch.int64)
             if t.numel() and (int(t.min()) < 0 or int(t.max()) >= high):
                 check_range(t.cpu().numpy(), 0, high, what)
-        else:
-            host = as_ids(ids, "translate: ids")
-            check_range(host, 0, high, what)
-            t = self.backend.upload(host)
-        self.commit()
-        return self.backend.translate(t, b.v2p_dev, ps, mult)
+            self.commit()
+            return self.backend.translate(t, b.v2p_dev, ps, mult)
+        host = as_ids(ids, "translate: ids")
+        check_range(host, 0, high, what)
+        self.commit()  # the caller reads the device tables next
+        return self.backend.upload(paged.translate(host, b.v2p, ps, mult))
 
     def page_table(self, band: str) -> torch.Tensor:
         """`band`'s device v2p table, up to date (commits first)."""

@@ -76,10 +76,14 @@ class BandAllocator:
         """Physical pages for `n` new live pages, or None (state unchanged):
         the holes the chain arithmetic drains, then the fresh frontier pages."""
         chain = self.chain_extents()
-        old = chain[self.index]
         new = take(chain, self.index, n, self.total_bytes)
         if new is None:
             return None
+        return self.adopt(chain[self.index], new)
+
+    def adopt(self, old: Extent, new: Extent) -> np.ndarray:
+        """Move from extent `old` (the current one) to `new`, a take the
+        chain arithmetic planned; return the physical pages it adds."""
         drain = old.holes - new.holes
         drained, self.holes = self.holes[:drain], self.holes[drain:]
         self.apply_extent(new)

@@ -73,7 +73,10 @@ class FloatBand(BandAllocator):
         if self._park_if_empty() or not self.dirty:
             return 0
         self.dirty = False
-        holes = set(self.holes.tolist())
+        h = self.holes
+        if not ((h == self.low).any() or (h == self.high - 1).any()):
+            return 0  # no boundary hole: nothing to absorb (one vector scan)
+        holes = set(h.tolist())
         low, high = self.low, self.high
         while low in holes:
             holes.discard(low)
@@ -113,16 +116,16 @@ class FloatBand(BandAllocator):
             return open_now
         need = -(-(min_bytes - open_now) // self.page_bytes)
         holes = set(self.holes.tolist())
-        live = [p for p in range(self.low, self.high) if p not in holes]
-        plan = self._boundary_plan(side, need, holes, live, lo, hi)
+        plan = self._boundary_plan(side, need, holes, self.live, lo, hi)
         if plan is None:
+            live = [p for p in range(self.low, self.high) if p not in holes]
             packed = range(lo, lo + len(live)) if side is Side.HIGH else range(hi - len(live), hi)
             self._relocate(live, list(packed))
         else:
             self._relocate(*plan)
         return self.gap_bytes(side)
 
-    def _boundary_plan(self, side, need, holes, live, lo, hi):
+    def _boundary_plan(self, side, need, holes, live: int, lo, hi):
         """(srcs, dsts) that vacate `need` pages at `side`, or None when the
         far holes and far gap cannot take them (then leapfrog)."""
         walk = range(self.high - 1, self.low - 1, -1) if side is Side.HIGH else range(self.low, self.high)
@@ -134,7 +137,7 @@ class FloatBand(BandAllocator):
                 srcs.append(p)
             if opened >= need:
                 break
-        if len(srcs) >= len(live):
+        if len(srcs) >= live:
             return None
         # Destinations lie strictly beyond the vacated strip.
         if side is Side.HIGH:
@@ -143,7 +146,7 @@ class FloatBand(BandAllocator):
         else:
             far_holes = sorted((h for h in holes if h > edge), reverse=True)
             fresh = range(self.high, hi)
-        dsts = (far_holes + list(fresh))[: len(srcs)]
+        dsts = (far_holes + list(fresh[: max(0, len(srcs) - len(far_holes))]))[: len(srcs)]
         if len(dsts) < len(srcs):
             return None
         return srcs, dsts
@@ -163,18 +166,31 @@ class FloatBand(BandAllocator):
         return self._relocate(live, list(packed))
 
     def _relocate(self, srcs: list[int], dsts: list[int]) -> int:
-        """Move live `srcs` to `dsts` and rebuild the span around the result."""
+        """Move live `srcs` to `dsts` and rebuild the span around the result,
+        in time linear in the moves and holes (not in the span)."""
         pairs = [(s, d) for s, d in zip(srcs, dsts) if s != d]
+        live = self.live
         if pairs:
             self.ctx.hazards.settle()
             self.move([s for s, _ in pairs], [d for _, d in pairs])
             self.counters.relocations += 1
-        moved = {s for s, _ in pairs}
-        holes = set(self.holes.tolist())
-        live = {p for p in range(self.low, self.high) if p not in holes}
-        live = (live - moved) | {d for _, d in pairs}
-        self.low, self.high = min(live), max(live) + 1
-        self.holes = np.asarray(sorted(set(range(self.low, self.high)) - live), dtype=np.int64)
+        to = {d for _, d in pairs}
+        free = (set(self.holes.tolist()) | {s for s, _ in pairs}) - to
+        low, high = self.low, self.high
+        while low < high and low in free:  # trim the old span's freed edges
+            low += 1
+        while high > low and high - 1 in free:
+            high -= 1
+        outside = [d for d in to if not self.low <= d < self.high]
+        if outside:
+            lo_out, hi_out = min(outside), max(outside) + 1
+            low, high = (lo_out, hi_out) if low == high else (min(low, lo_out), max(high, hi_out))
+        holes = {p for p in free if low <= p < high}
+        if high - low - len(holes) != live:  # free gap pages inside the new span (rare)
+            old, dest = range(self.low, self.high), set(outside)
+            holes |= {p for p in range(low, high) if p not in old and p not in dest}
+        self.low, self.high = low, high
+        self.holes = np.asarray(sorted(holes), dtype=np.int64)
         return len(pairs)
 
     def violations(self) -> list[str]:

@@ -7,7 +7,7 @@ from typing import Optional
 import numpy as np
 
 from unikv.bands.base import EMPTY, BandAllocator
-from unikv.extent import Extent, Kind, take
+from unikv.extent import Extent, Kind
 from unikv.hazards import Tracked
 
 
@@ -77,9 +77,8 @@ class BudgetBand(BandAllocator):
         return Extent(Kind.BUDGET, g.page_bytes, g.min_page, g.num_pages, 0, 0, 0,
                       self.live, cap=budget)
 
-    def take(self, n: int) -> Optional[np.ndarray]:
-        if take(self.chain_extents(), self.index, n, self.total_bytes) is None:
-            return None
+    def adopt(self, old: Extent, new: Extent) -> np.ndarray:
+        n = new.live - old.live
         pages = self._stack[self._top - n:self._top][::-1].copy()
         self._top -= n
         self.live = self.live + n
