@@ -38,6 +38,8 @@ class IdSpace:
 
     def take(self, n: int) -> torch.Tensor:
         """The next `n` free ids, bound on all holders. Caller checked n fits."""
+        if n > self._top:
+            raise RuntimeError(f"internal: took {n} ids with {self._top} free")
         ids = torch.flip(self._stack[self._top - n: self._top], (0,))
         self._top -= n
         self.binds.index_fill_(0, ids, self.holders)  # no host scalar crosses to the device
