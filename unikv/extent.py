@@ -11,7 +11,9 @@ this one function, `alloc(n)` succeeds for every `n` the capacity views admit.
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple, Optional, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
+
+from unikv.layout import Side
 
 
 class Kind(enum.Enum):
@@ -173,6 +175,19 @@ def take_all(
     return out
 
 
+def demand_fits(chain: Sequence[Extent], demand: Mapping[int, int], total_bytes: int) -> bool:
+    """Whether a demand vector (band index -> pages, taken in its order)
+    fits on `chain` without a move."""
+    out = list(chain)
+    for i, n in demand.items():
+        if n > 0:
+            e = take(out, i, n, total_bytes)
+            if e is None:
+                return False
+            out[i] = e
+    return True
+
+
 def joint_pages(
     chain: Sequence[Extent], order: Sequence[int], total_bytes: int, hint: int = 0
 ) -> int:
@@ -262,3 +277,92 @@ def chain_gap_bytes(chain: Sequence[Extent], sink_bytes: int, total_bytes: int) 
     if chain[-1].kind is not Kind.DOWN:
         ranges.append((total_bytes, total_bytes))
     return sum(max(0, b[0] - a[1]) for a, b in zip(ranges, ranges[1:]))
+
+
+# -- float relocation plans (pure: the float band applies them) --
+
+class Relocation(NamedTuple):
+    """A float's planned layout: live pages `srcs` move to `dsts` (in
+    pairs), then the span is `[low, high)` with the free pages `holes`."""
+
+    srcs: tuple[int, ...]
+    dsts: tuple[int, ...]
+    low: int
+    high: int
+    holes: tuple[int, ...]
+
+
+def relocated(e: Extent, plan: Relocation) -> Extent:
+    """Float extent `e` once `plan` is applied (live pages are kept)."""
+    return Extent(e.kind, e.page_bytes, e.min_page, e.num_pages, plan.low, plan.high,
+                  len(plan.holes), e.live, e.cap)
+
+
+def absorb_plan(low: int, high: int, holes: Sequence[int]) -> Relocation:
+    """The span `[low, high)` shrunk past the holes on both its boundaries."""
+    free = set(holes)
+    while low < high and low in free:
+        free.discard(low)
+        low += 1
+    while high > low and high - 1 in free:
+        free.discard(high - 1)
+        high -= 1
+    return Relocation((), (), low, high, tuple(sorted(free)))
+
+
+def room_plan(low: int, high: int, holes: Sequence[int], region: tuple[int, int], side: Side,
+              need_pages: int, keep_far_pages: int = 0) -> Optional[Relocation]:
+    """Open `need_pages` free pages between the span's `side` boundary and
+    the region's edge there, displacing the span as little as possible.
+
+    The strip of the span nearest `side` is vacated: its holes are dropped
+    and its live pages move into the holes beyond it, then into the far
+    gap (no closer than `keep_far_pages` to the region's far edge, so the
+    far neighbour keeps that room). When that would move every live page,
+    or the far side cannot take them, the whole span is packed just far
+    enough from `side` (a leapfrog). None when the region's free pages are
+    fewer than `need_pages`.
+    """
+    lo, hi = region
+    free = set(holes)
+    n_live = high - low - len(free)
+    if hi - lo - n_live < need_pages:
+        return None
+    strip = need_pages - (low - lo if side is Side.LOW else hi - high)
+    if strip <= 0:
+        return Relocation((), (), low, high, tuple(sorted(free)))
+    plan = _strip_plan(low, high, free, n_live, (lo, hi), side, strip, keep_far_pages)
+    if plan is not None:
+        return plan
+    live = [p for p in range(low, high) if p not in free]  # a leapfrog moves them all
+    start = lo + need_pages if side is Side.LOW else hi - need_pages - len(live)
+    return Relocation(tuple(live), tuple(range(start, start + len(live))), start, start + len(live), ())
+
+
+def _strip_plan(low, high, free, n_live, region, side, strip, keep_far):
+    """Vacate `strip` pages at `side` into far holes, then the far gap.
+    Linear in the strip and the holes, never in the span or the gap."""
+    lo, hi = region
+    if strip >= high - low:
+        return None
+    if side is Side.HIGH:
+        cut = high - strip
+        srcs = [p for p in range(high - 1, cut - 1, -1) if p not in free]  # boundary first
+        far_holes = sorted(h for h in free if h < cut)  # deepest first
+        fresh = range(low - 1, lo + keep_far - 1, -1)
+    else:
+        cut = low + strip
+        srcs = [p for p in range(low, cut) if p not in free]
+        far_holes = sorted((h for h in free if h >= cut), reverse=True)
+        fresh = range(high, hi - keep_far)
+    if len(srcs) >= n_live:
+        return None
+    dsts = (far_holes + list(fresh[: max(0, len(srcs) - len(far_holes))]))[: len(srcs)]
+    if len(dsts) < len(srcs):
+        return None
+    kept = set(far_holes) - set(dsts)
+    if side is Side.HIGH:
+        new_low, new_high = min([low, *dsts]), cut
+    else:
+        new_low, new_high = cut, max([high - 1, *dsts]) + 1
+    return Relocation(tuple(srcs), tuple(dsts), new_low, new_high, tuple(sorted(kept)))

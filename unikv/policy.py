@@ -1,58 +1,103 @@
 """Shortfall policy: the ladder and the float relocation, over a chain.
 
 A demand vector maps band index -> pages the failed allocation needs on that
-band (every token band for a coupled alloc; one band for a state slot).
+band (every token band for a coupled alloc, in alloc order; one band for a
+state slot). The float moves only on a plan checked on extents first: the
+ladder asks, then acts, so a ladder that fails leaves at least the room it
+found (docs/allocator.md).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping, Sequence
 
 from unikv.chain import Chain
-from unikv.extent import Kind, bound_above, bound_below
+from unikv.extent import Kind, bound_above, bound_below, demand_fits, joint_pages, relocated
 from unikv.layout import Side
 from unikv.stats import Stats
 
 
 def flush_targets(chain: Chain, demand: Mapping[int, int]) -> list:
-    """Bands whose flush can raise the room of this allocation.
+    """END bands whose urgent flush can raise the room of this allocation.
 
-    A coupled alloc: every band (a one-sided hole is useless to a coupled
-    page, compaction turns it into shared gap; the float's flush absorbs its
-    boundary holes). A single END band: the bands on its growth side up to
-    and including the first END band there (its own holes already count).
+    A coupled alloc: every END band (a one-sided hole is useless to a
+    coupled page, compaction turns it into shared gap). A single END band:
+    the END bands on its growth side up to and including the first one.
+    Never the float: absorbing its boundary holes turns pages only it could
+    use into gap a neighbour competes for, so its absorption is part of the
+    relocation plan instead (`open_short_side`).
     """
     wanted = [i for i, pages in demand.items() if pages > 0]
     if len(wanted) != 1 or chain.bands[wanted[0]].kind is Kind.FLOAT:
-        return list(chain.bands)
+        return [b for b in chain.bands if b.kind is not Kind.FLOAT]
     i = wanted[0]
     step = 1 if chain.bands[i].kind is Kind.UP else -1
     out = []
     j = i + step
     while 0 <= j < len(chain.bands):
-        out.append(chain.bands[j])
         if chain.bands[j].kind is not Kind.FLOAT:
+            out.append(chain.bands[j])
             break
         j += step
     return out
 
 
-def open_short_side(chain: Chain, demand: Mapping[int, int]) -> None:
-    """Slide the float so the side that is short of bytes gets them.
+def flush_chain(chain: Chain, urgent: bool, order: Sequence[int]) -> int:
+    """Flush every END band, then let the float absorb its boundary holes
+    unless that lowers the joint room of the coupled bands `order` (so a
+    flush never shrinks `available_size()`); returns page moves."""
+    moves = sum(b.flush(urgent) for b in chain.bands if b.kind is not Kind.FLOAT)
+    f = chain.float_index()
+    if f is None:
+        return moves
+    plan = chain.bands[f].plan_absorb()
+    if plan is not None and order:
+        ext = chain.extents()
+        after = list(ext)
+        after[f] = relocated(ext[f], plan)
+        if joint_pages(after, order, chain.total_bytes) < chain.joint_pages(order):
+            return moves
+    return moves + chain.bands[f].flush(urgent)
 
-    Each END band's need beyond its own holes falls on the float side facing
-    it. If both sides are short, relocation is zero-sum and nothing is done;
-    if one is, that side is opened (plus the float's own need the far side
-    cannot cover); if only the float is short, its larger-surplus side is
-    consolidated. One page of slack covers grid alignment.
+
+def open_short_side(chain: Chain, demand: Mapping[int, int]) -> bool:
+    """Slide the float so the demand fits, if some planned slide does.
+
+    Each candidate is a `make_room` request; its plan is checked on extents
+    (`demand_fits`) and the first that fits is applied. Returns whether one
+    was applied; if none fits, nothing moves.
     """
     f = chain.float_index()
-    if f is None or not any(p > 0 for p in demand.values()):
+    if f is None or chain.extents()[f].transparent:
+        return False
+    band = chain.bands[f]
+    ext = chain.extents()
+    for side, min_bytes, keep_far_bytes in _room_requests(chain, demand, f):
+        plan = band.plan_room(side, min_bytes, keep_far_bytes)
+        if plan is None:
+            continue
+        trial = list(ext)
+        trial[f] = relocated(ext[f], plan)
+        if demand_fits(trial, demand, chain.total_bytes):
+            band.relocate(plan)
+            return True
+    return False
+
+
+def _room_requests(chain: Chain, demand: Mapping[int, int], f: int) -> Iterator[tuple[Side, int, int]]:
+    """(side, min_bytes, keep_far_bytes) requests, most likely first.
+
+    Each END band's need beyond its own holes falls on the float side facing
+    it. If both sides are short, relocation is zero-sum: none. If one is,
+    open it (plus the float's own need the other side cannot cover); if only
+    the float is short, consolidate its free bytes on the larger-surplus
+    side. Each request comes with and without a page of slack (grid
+    alignment), keeping the far side's need free, then without that limit.
+    """
+    if not any(p > 0 for p in demand.values()):
         return
     ext = chain.extents()
     flt = ext[f]
-    if flt.transparent:
-        return
     need = {Side.LOW: 0, Side.HIGH: 0}
     for i, pages in demand.items():
         if i != f and pages > 0:
@@ -65,28 +110,33 @@ def open_short_side(chain: Chain, demand: Mapping[int, int]) -> None:
     surplus = {s: gap[s] - need[s] for s in Side}
     own = max(0, demand.get(f, 0) - flt.holes) * flt.page_bytes
     slack = max(ext[i].page_bytes for i, p in demand.items() if p > 0)
-    band = chain.bands[f]
     short = [s for s in Side if surplus[s] < 0]
     if len(short) == 2:
         return
     if short:
         s = short[0]
-        band.make_room(s, need[s] + max(0, own - max(0, surplus[s.other])) + slack)
+        base = need[s] + max(0, own - max(0, surplus[s.other]))
     elif own > max(surplus.values()):
         s = Side.LOW if surplus[Side.LOW] >= surplus[Side.HIGH] else Side.HIGH
-        band.make_room(s, need[s] + own + slack)
+        base = need[s] + own
+    else:
+        return
+    for keep in (need[s.other], 0):
+        yield s, base + slack, keep
+        yield s, base, keep
 
 
 def relieve(chain: Chain, demand: Mapping[int, int], fits: Callable[[], bool], stats: Stats) -> bool:
-    """The shortfall ladder, cheapest remedy first: urgent flushes, re-check,
-    float relocation, re-check. Never evicts: the caller decides that."""
+    """The shortfall ladder, cheapest remedy first: urgent flushes of END
+    bands, re-check, a float relocation planned to fit, re-check. Each step
+    leaves every capacity view at least where it was, so a failing ladder
+    never shrinks the room. Never evicts: the caller decides that."""
     stats.ladder_runs += 1
     for band in flush_targets(chain, demand):
         band.flush(urgent=True)
     if fits():
         return True
-    open_short_side(chain, demand)
-    if fits():
+    if open_short_side(chain, demand) and fits():
         return True
     stats.ladder_failures += 1
     return False

@@ -16,7 +16,7 @@ from unikv.extent import Kind
 from unikv.hazards import Epoch, Hazards
 from unikv.ids import IdSpace, as_ids, check_count, check_range, few
 from unikv.layout import Layout, Side, Unit
-from unikv.policy import relieve
+from unikv.policy import flush_chain, relieve
 from unikv.stats import Stats
 from unikv.tables import PageTables
 
@@ -353,8 +353,9 @@ class UnifiedPool:
 
     def flush(self, urgent: bool = False) -> int:
         """Flush every band (floats absorb, lazy END bands compact); returns
-        page moves."""
-        return sum(b.flush(urgent) for b in self.chain.bands)
+        page moves. The float keeps holes whose absorption would lower
+        `available_size()`."""
+        return flush_chain(self.chain, urgent, self.token_order)
 
     def make_room(self, side: str | Side, min_bytes: int) -> int:
         """Ask the float band to open `min_bytes` on `side`; bytes now open."""

@@ -34,7 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import chain_checks as checks
 from chain_model import ChainModel
-from chain_setup import CHAINS, KINDS, KNOWN_BUGS, fit_layout, ids_tensor, known_core_bug, layouts, make_pool
+from chain_setup import CHAINS, KINDS, fit_layout, ids_tensor, known_core_bug, layouts, make_pool
 
 # Reported by conftest: rule steps and examples per machine class, and what
 # the runs reached (pool counters summed over examples, hazard situations,
@@ -44,7 +44,6 @@ EXAMPLES: collections.Counter = collections.Counter()
 REACHED: collections.Counter = collections.Counter()
 _COUNTERS = ("moves", "relocations", "ladder_runs", "ladder_failures", "settles", "absorbed_pages",
              "pending_peak")
-FLOAT_BUG = "ladder over a float"
 
 
 @dataclass
@@ -143,9 +142,6 @@ class ChainMachine(RuleBasedStateMachine):
         """An alloc returned None: the ladder may have moved pages, but must
         not leave less no-move room than it found."""
         room = self._room()
-        if self.has_float and FLOAT_BUG in KNOWN_BUGS:
-            REACHED[f"known bug stepped around: {FLOAT_BUG}"] += any(a < b for a, b in zip(room, room_before))
-            return
         assert all(a >= b for a, b in zip(room, room_before)), \
             f"a failed {what} shrank the room {room_before} -> {room}"
 
@@ -353,9 +349,8 @@ class ChainMachine(RuleBasedStateMachine):
 
     @rule(urgent=st.booleans())
     def flush(self, urgent):
-        """flush(urgent) returns its moves; without a float, an urgent flush
-        realises at least the schedulable view and an idle flush never
-        shrinks available_size()."""
+        """flush(urgent) returns its moves; an urgent flush realises at least
+        the schedulable view and an idle flush never shrinks available_size()."""
         self._op()
         self._flush(urgent)
 
@@ -369,10 +364,6 @@ class ChainMachine(RuleBasedStateMachine):
         if not urgent and not idle:
             REACHED.update({"non-urgent flushes under a forward": 1,
                             "... with holes": int(holes > 0), "... moving pages": int(moves > 0)})
-        if self.has_float:
-            # Absorbing a float's boundary holes can lower the no-move joint
-            # room (docs/fuzzing.md); the ladder's contract is probed instead.
-            return
         after = pool.available_size()
         if urgent:
             assert after >= sched, f"urgent flush left available_size {after} < schedulable {sched}"
@@ -641,10 +632,8 @@ class ChainMachine(RuleBasedStateMachine):
         elif mode == "above" and ok:
             assert ladder == 1 and s1["ladder_failures"] == s0["ladder_failures"], \
                 f"{call} fit without the ladder: the capacity view is short"
-        elif mode == "schedulable" and not ok:
-            assert self.has_float and FLOAT_BUG in KNOWN_BUGS, \
-                f"{call}: the schedulable view was not realised"
-            REACHED[f"known bug stepped around: {FLOAT_BUG}"] += 1
+        elif mode == "schedulable":
+            assert ok, f"{call}: the schedulable view was not realised"
 
     # -- bad input --
 

@@ -10,8 +10,6 @@ cause and the fix.
 
 from __future__ import annotations
 
-import pytest
-
 from unikv import Band, Layout, OraclePool, UnifiedPool
 from unikv.backends import SimBackend
 
@@ -58,7 +56,10 @@ def test_oracle_available_size_fits_the_page_grid():
 
 def ladder_pool(materialize: bool = False) -> UnifiedPool:
     """mamba 5000 B (up) | swa 300 B/token (float) | full 700 B/token (down),
-    page_size 1, lazy; the fuzzer's shrunk sequence. Afterwards:
+    page_size 1, lazy; the fuzzer's shrunk sequence. Its fifth call was a
+    failing `alloc(9)` (12,300 B needed, 12,200 B free) whose ladder, before
+    the fix, leapfrogged the float against mamba; a failed ladder no longer
+    moves anything, so `make_room` puts the float there. Afterwards:
 
     mamba [5000, 20000): 2 live slots + 1 hole (its lowest slot);
     swa   [20100, 23400): 2 live pages at the bottom, 9 holes above them;
@@ -76,7 +77,7 @@ def ladder_pool(materialize: bool = False) -> UnifiedPool:
     s = pool.alloc_state("mamba", 3)
     pool.free(a)
     pool.alloc(2)
-    pool.alloc(9)
+    pool.make_room("high", 8700)  # leapfrog: swa [24900, 28200) -> [20100, 23400)
     pool.free(b)
     pool.free_state("mamba", s[:1])
     return pool
@@ -92,11 +93,6 @@ def test_ladder_pool_is_as_documented():
     assert pool.verify() == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core: the ladder cannot realise the schedulable view: its float flush absorbs the float's 9 "
-    "boundary holes (a coupled take can use holes anywhere, the absorbed gap only on one side, "
-    "where full also grows), then open_short_side's make_room(LOW, ...) leapfrogs the float "
-    "against full's frontier, walling full in; alloc(21) returns None although it fits"))
 def test_ladder_realises_the_schedulable_view():
     pool = ladder_pool()
     n = pool.available_size(schedulable=True)
@@ -104,14 +100,42 @@ def test_ladder_realises_the_schedulable_view():
     assert pool.verify() == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core: a failing ladder leaves less room than it found: make_room's leapfrog packs the "
-    "float against full's frontier before the re-check fails, so available_size() drops 17 -> 0"))
 def test_a_failed_ladder_keeps_the_room_it_found():
     pool = ladder_pool()
     before = pool.available_size()
     # 23 tokens need 23 x 1000 B plus the float's 600 live bytes: more than
     # the 23 500 B between mamba and full even after packing. It must fail.
+    relocations = pool.stats()["relocations"]
     assert pool.alloc(23) is None
     assert pool.available_size() >= before
+    assert pool.stats()["relocations"] == relocations  # no planned slide fits: none made
+    assert pool.verify() == []
+
+
+def test_the_ladder_slides_the_float_only_as_far_as_needed():
+    """22 tokens fit once the float gives full one page: the ladder drops
+    swa's top boundary holes (no copy) and keeps the rest as holes."""
+    pool = ladder_pool(materialize=True)
+    assert pool.alloc(22) is not None
+    assert pool.verify() == []
+
+
+# -- a flush with a float lowered the joint room --
+
+def test_a_flush_never_lowers_available_size_with_a_float():
+    """Was: flush() absorbed the float's two low boundary holes, a page of
+    room the coupled take used, and available_size() fell 27 -> 18. The
+    float now keeps holes whose absorption would lower the joint room."""
+    layout = Layout(total_bytes=2529, bands=[
+        Band("local", entry_bytes=9, grow="up", page_size=9),
+        Band("swa", entry_bytes=33, grow="float", page_size=9),
+        Band("full", entry_bytes=8, grow="down", page_size=9),
+    ])
+    pool = UnifiedPool(layout, backend=SimBackend(materialize=True), compaction="eager")
+    v = pool.alloc_extend([0], [19], [0])
+    pool.release(v[:18], "swa")
+    assert pool.occupancy()["bands"]["swa"]["hole_pages"] == 2
+    before = pool.available_size()
+    pool.flush()
+    assert pool.available_size() >= before == 27
     assert pool.verify() == []

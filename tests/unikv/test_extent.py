@@ -1,6 +1,9 @@
 """The pure band arithmetic, on hand-built chains."""
 
-from unikv.extent import Extent, Kind, bound_above, bound_below, chain_gap_bytes, joint_pages, take
+from unikv.extent import (
+    Extent, Kind, absorb_plan, bound_above, bound_below, chain_gap_bytes, joint_pages, room_plan, take,
+)
+from unikv.layout import Side
 
 TOTAL = 10_000
 
@@ -81,3 +84,29 @@ def test_fast_paths_agree_with_the_general_search():
         hi = min(chain[i].holes + extension_room(chain, i, TOTAL) for i in order)
         general = _search(lambda n: take_all(chain, order, n, TOTAL) is not None, hi, 0)
         assert joint_pages(chain, order, TOTAL, hint=rng.randrange(0, 50)) == general
+
+
+# -- float relocation plans --
+
+def test_absorb_plan_drops_boundary_holes_only():
+    plan = absorb_plan(10, 20, [10, 11, 15, 19])
+    assert (plan.low, plan.high, plan.holes, plan.srcs) == (12, 19, (15,), ())
+
+
+def test_room_plan_vacates_the_strip_into_far_holes_then_the_far_gap():
+    # span [40, 50) holes 41, 48; region [30, 60): high gap 10 pages, want 14
+    plan = room_plan(40, 50, [41, 48], (30, 60), Side.HIGH, 14)
+    # strip [46, 50): live 49, 47, 46 (48 is a hole, dropped) -> 41, then 39, 38
+    assert plan.srcs == (49, 47, 46) and plan.dsts == (41, 39, 38)
+    assert (plan.low, plan.high, plan.holes) == (38, 46, ())
+
+
+def test_room_plan_keeps_the_far_gap_or_leapfrogs_only_as_far_as_needed():
+    # span [40, 45) dense; region [30, 60): low gap 10, want 13 on the low side
+    assert room_plan(40, 45, [], (30, 60), Side.LOW, 13).dsts == (45, 46, 47)
+    # keeping 13 pages free above: the strip's pages cannot go up -> leapfrog
+    # to [43, 48), not against the far edge [55, 60)
+    plan = room_plan(40, 45, [], (30, 60), Side.LOW, 13, keep_far_pages=13)
+    assert (plan.low, plan.high, plan.dsts) == (43, 48, (43, 44, 45, 46, 47))
+    assert room_plan(40, 45, [], (30, 60), Side.LOW, 26) is None  # 25 free pages
+    assert room_plan(40, 45, [], (30, 60), Side.LOW, 10).srcs == ()  # open already

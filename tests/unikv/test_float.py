@@ -101,3 +101,19 @@ def test_relocation_settles_the_in_flight_forward(p):
     p.set_inflight_forward(ev, write_ids=p.v)
     p.make_room("high", 3500)
     assert ev.fired
+
+
+def test_make_room_leapfrogs_no_further_than_needed(p):
+    # 4000 B low = 40 pages > 10 live, so every page moves; the span lands
+    # at [50, 60), leaving the high side 20 pages, not against full's frontier
+    assert p.make_room("low", 4000) == 4000
+    assert span(p) == (50, 60)
+    assert torch.equal(read(p, p.v, "swa"), p.data)
+    assert p.available_size() == 10  # full reaches swa's high byte 6000
+
+
+def test_make_room_keeps_the_far_sides_holes(p):
+    p.release(p.v[[0, 9]], "swa")  # holes 40 and 49, both on a boundary
+    assert p.make_room("high", 3100) == 3100  # only the high hole is dropped
+    assert span(p) == (40, 49) and p.bands["swa"].holes.tolist() == [40]
+    assert p.stats()["moves"] == 0 and p.verify() == []

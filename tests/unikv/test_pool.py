@@ -216,3 +216,12 @@ def test_empty_lists_are_valid_no_ops():
     assert p.alloc_decode([], []).numel() == 0
     assert p.alloc_extend([], [], []).numel() == 0
     assert same(before, snapshot(p))
+
+
+def test_id_space_refuses_more_ids_than_it_has():
+    from unikv.ids import IdSpace
+
+    space = IdSpace(4, 1)  # ids 1..3
+    with pytest.raises(RuntimeError, match="internal"):
+        space.take(4)
+    assert space.free_count == 3

@@ -3,16 +3,20 @@
 Frees only mark holes (no copy) and allocs reuse holes before extending, so
 steady churn (the sliding-window ratchet) costs no data movement. Pages move
 only on demand: `make_room` opens contiguous space on one side for a
-neighbour, `compact_holes` closes every hole. An empty float is transparent:
-it occupies no bytes and its neighbours see straight through it.
+neighbour, `compact_holes` closes every hole. Both are planned first as pure
+`extent.Relocation`s, so the policy can check a plan before anything moves.
+An empty float is transparent: it occupies no bytes and its neighbours see
+straight through it.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from unikv.bands.base import EMPTY, BandAllocator
-from unikv.extent import Extent, Kind, float_gaps, float_region
+from unikv.extent import Extent, Kind, Relocation, absorb_plan, float_gaps, float_region, room_plan
 from unikv.hazards import Tracked
 from unikv.layout import Side
 
@@ -70,26 +74,26 @@ class FloatBand(BandAllocator):
 
     def absorb(self) -> int:
         """Shrink the span past holes on its boundaries; returns pages freed."""
-        if self._park_if_empty() or not self.dirty:
+        plan = self.plan_absorb()
+        if plan is None:
+            self.dirty = False
             return 0
+        freed = (self.high - self.low) - (plan.high - plan.low)
+        self.relocate(plan)
         self.dirty = False
+        self.counters.absorbed_pages += freed
+        return freed
+
+    def plan_absorb(self) -> Optional[Relocation]:
+        """The span an absorb would leave (nothing changes), or None when
+        it would free nothing."""
+        if self._park_if_empty() or not self.dirty:
+            return None
         h = self.holes
         if not ((h == self.low).any() or (h == self.high - 1).any()):
-            return 0  # no boundary hole: nothing to absorb (one vector scan)
-        holes = set(h.tolist())
-        low, high = self.low, self.high
-        while low in holes:
-            holes.discard(low)
-            low += 1
-        while high - 1 in holes:
-            holes.discard(high - 1)
-            high -= 1
-        freed = (self.high - self.low) - (high - low)
-        if freed:
-            self.low, self.high = low, high
-            self.holes = np.asarray(sorted(holes), dtype=np.int64)
-            self.counters.absorbed_pages += freed
-        return freed
+            return None  # no boundary hole (one vector scan, no host list)
+        plan = absorb_plan(self.low, self.high, h.tolist())
+        return plan if (plan.low, plan.high) != (self.low, self.high) else None
 
     # -- on-demand relocation --
 
@@ -97,59 +101,30 @@ class FloatBand(BandAllocator):
         gap_low, gap_high = float_gaps(self.chain_extents(), self.index, self.total_bytes)
         return (gap_low if side is Side.LOW else gap_high) * self.page_bytes
 
-    def make_room(self, side: Side, min_bytes: int) -> int:
+    def make_room(self, side: Side, min_bytes: int, keep_far_bytes: int = 0) -> int:
         """Open >= `min_bytes` of contiguous free bytes on `side` of the span.
 
-        Moves the fewest boundary pages on `side` into holes on the far side,
-        then into the far gap; when that would move every live page, packs
-        the whole span against the far edge instead (a leapfrog). Settles the
-        in-flight forward before the first copy. Returns the bytes now open
-        on `side` (< `min_bytes` only when impossible; the state is then
-        unchanged).
+        Applies `plan_room` (fewest boundary pages moved, the span displaced
+        no further than needed). Settles the in-flight forward before the
+        first copy. Returns the bytes now open on `side` (< `min_bytes` only
+        when impossible; the state is then unchanged).
         """
-        self.absorb()
-        open_now = self.gap_bytes(side)
-        if open_now >= min_bytes or self.live == 0:
-            return open_now
-        lo, hi = float_region(self.chain_extents(), self.index, self.total_bytes)
-        if (hi - lo - self.live) * self.page_bytes < min_bytes:
-            return open_now
-        need = -(-(min_bytes - open_now) // self.page_bytes)
-        holes = set(self.holes.tolist())
-        plan = self._boundary_plan(side, need, holes, self.live, lo, hi)
-        if plan is None:
-            live = [p for p in range(self.low, self.high) if p not in holes]
-            packed = range(lo, lo + len(live)) if side is Side.HIGH else range(hi - len(live), hi)
-            self._relocate(live, list(packed))
-        else:
-            self._relocate(*plan)
+        plan = self.plan_room(side, min_bytes, keep_far_bytes)
+        if plan is not None:
+            self.relocate(plan)
         return self.gap_bytes(side)
 
-    def _boundary_plan(self, side, need, holes, live: int, lo, hi):
-        """(srcs, dsts) that vacate `need` pages at `side`, or None when the
-        far holes and far gap cannot take them (then leapfrog)."""
-        walk = range(self.high - 1, self.low - 1, -1) if side is Side.HIGH else range(self.low, self.high)
-        srcs: list[int] = []
-        edge = self.low if side is Side.HIGH else self.high
-        for opened, p in enumerate(walk, start=1):
-            edge = p
-            if p not in holes:
-                srcs.append(p)
-            if opened >= need:
-                break
-        if len(srcs) >= live:
+    def plan_room(self, side: Side, min_bytes: int, keep_far_bytes: int = 0) -> Optional[Relocation]:
+        """Where `make_room` would put the span (nothing changes): see
+        `extent.room_plan`; `keep_far_bytes` of the far gap stay free when
+        the boundary pages can go elsewhere. None when the free pages
+        between the neighbours are too few, or the float is empty."""
+        if self.live == 0:
             return None
-        # Destinations lie strictly beyond the vacated strip.
-        if side is Side.HIGH:
-            far_holes = sorted(h for h in holes if h < edge)
-            fresh = range(self.low - 1, lo - 1, -1)
-        else:
-            far_holes = sorted((h for h in holes if h > edge), reverse=True)
-            fresh = range(self.high, hi)
-        dsts = (far_holes + list(fresh[: max(0, len(srcs) - len(far_holes))]))[: len(srcs)]
-        if len(dsts) < len(srcs):
-            return None
-        return srcs, dsts
+        pages = lambda b: -(-b // self.page_bytes)  # noqa: E731
+        region = float_region(self.chain_extents(), self.index, self.total_bytes)
+        return room_plan(self.low, self.high, self.holes.tolist(), region, side,
+                         pages(min_bytes), pages(keep_far_bytes))
 
     def compact_holes(self, retreat_side: Side) -> int:
         """Close every hole, packing live pages away from `retreat_side`
@@ -159,38 +134,21 @@ class FloatBand(BandAllocator):
             return 0
         holes = set(self.holes.tolist())
         live = [p for p in range(self.low, self.high) if p not in holes]
-        if retreat_side is Side.HIGH:
-            packed = range(self.low, self.low + len(live))
-        else:
-            packed = range(self.high - len(live), self.high)
-        return self._relocate(live, list(packed))
+        start = self.low if retreat_side is Side.HIGH else self.high - len(live)
+        packed = tuple(range(start, start + len(live)))
+        return self.relocate(Relocation(tuple(live), packed, start, start + len(live), ()))
 
-    def _relocate(self, srcs: list[int], dsts: list[int]) -> int:
-        """Move live `srcs` to `dsts` and rebuild the span around the result,
-        in time linear in the moves and holes (not in the span)."""
-        pairs = [(s, d) for s, d in zip(srcs, dsts) if s != d]
-        live = self.live
+    def relocate(self, plan: Relocation) -> int:
+        """Apply a plan: move its live pages, then take its span and holes;
+        returns page moves."""
+        pairs = [(s, d) for s, d in zip(plan.srcs, plan.dsts) if s != d]
         if pairs:
             self.ctx.hazards.settle()
             self.move([s for s, _ in pairs], [d for _, d in pairs])
             self.counters.relocations += 1
-        to = {d for _, d in pairs}
-        free = (set(self.holes.tolist()) | {s for s, _ in pairs}) - to
-        low, high = self.low, self.high
-        while low < high and low in free:  # trim the old span's freed edges
-            low += 1
-        while high > low and high - 1 in free:
-            high -= 1
-        outside = [d for d in to if not self.low <= d < self.high]
-        if outside:
-            lo_out, hi_out = min(outside), max(outside) + 1
-            low, high = (lo_out, hi_out) if low == high else (min(low, lo_out), max(high, hi_out))
-        holes = {p for p in free if low <= p < high}
-        if high - low - len(holes) != live:  # free gap pages inside the new span (rare)
-            old, dest = range(self.low, self.high), set(outside)
-            holes |= {p for p in range(low, high) if p not in old and p not in dest}
-        self.low, self.high = low, high
-        self.holes = np.asarray(sorted(holes), dtype=np.int64)
+        self.low, self.high = plan.low, plan.high
+        self.holes = np.asarray(plan.holes, dtype=np.int64)
+        self.dirty = bool(plan.holes)  # a plan may leave holes on a boundary
         return len(pairs)
 
     def violations(self) -> list[str]:
