@@ -250,7 +250,10 @@ def run(batch: int, engine: str, args) -> tuple[dict, list[dict]]:
     phases = {k: v[-args.steps:] for k, v in e.get("phases", {}).items()}
     core = [a + r for a, r in zip(phases.get("alloc_decode", []), phases.get("release", []))]
     total = sum(sites.values())
+    stats = e["pool"].stats() if "pool" in e else {}
     summary = {"bench": "decode_host", "allocator": engine, "batch": batch, "steps": args.steps,
+               "total_mib": TOTAL_MIB if "pool" in e else None,
+               "ladder_runs": stats.get("ladder_runs"), "page_moves": stats.get("moves"),
                "host_us_median": round(statistics.median(us), 1), "host_us_mean": round(statistics.fmean(us), 1),
                "host_us_p90": round(sorted(us)[int(0.9 * (len(us) - 1))], 1),
                "syncs_per_step": round(total / args.sync_steps, 2), "finish_every": args.finish_every,
@@ -282,6 +285,7 @@ def append_csv(path: str, rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
+    global TOTAL_MIB
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/kernels/decode_host.csv")
     ap.add_argument("--sites-out", default=None, help="sync sites CSV (default: beside --out)")
@@ -291,7 +295,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sync-steps", type=int, default=40)
     ap.add_argument("--finish-every", type=int, default=8)
     ap.add_argument("--device", default="cuda", help="'cpu' is a dry run of the script (no sync counts)")
+    ap.add_argument("--total-mib", type=int, default=TOTAL_MIB,
+                    help="the 3-band pool's buffer; at 4096 the full band reaches the float during the run, "
+                         "so the shortfall ladder slides it (page moves); larger buffers keep them apart")
     args = ap.parse_args(argv)
+    TOTAL_MIB = args.total_mib
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_decode_host: needs a CUDA device", file=sys.stderr)
         return 2

@@ -237,7 +237,7 @@ def decode_pool(batch: int, device: str = "cuda"):
     The engine keeps its virtual ids on the host (the pool hands them out
     there), as `req_to_token` rows of a numpy table."""
     mib = 1 << 20
-    layout = Layout(total_bytes=256 * mib, bands=[
+    layout = Layout(total_bytes=1024 * mib, bands=[
         Band("mamba", entry_bytes=64 * 1024, grow="up", unit="request"),
         Band("swa", entry_bytes=4096, grow="float", page_size=16, blocks_per_page=8),
         Band("full", entry_bytes=12288, grow="down", page_size=16, blocks_per_page=24),
