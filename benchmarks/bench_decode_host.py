@@ -88,14 +88,17 @@ def unikv_step(e: dict, step: int, finish_every: int) -> None:
     lens[rows] = seq
     ends = np.maximum(0, seq - WINDOW) // PS * PS
     crossing = np.flatnonzero(ends > e["released"][rows])
+    reps = None
     if len(crossing):  # one id per page that left the window, one call for the batch
         r, start, end = rows[crossing], e["released"][rows[crossing]], ends[crossing]
         if (end - start == PS).all():  # steady state: one page each
             reps = table[r, start]
         else:
             reps = np.concatenate([table[i, a:b:PS] for i, a, b in zip(r, start, end)])
-        pool.release(reps, band="swa")
         e["released"][r] = end
+    clock.lap("engine")  # the engine's own bookkeeping: which pages left the window
+    if reps is not None:
+        pool.release(reps, band="swa")
     clock.lap("release")
     pool.flush()
     clock.lap("flush")

@@ -65,25 +65,34 @@ def decode_request(pool, seq_lens, last_loc) -> PagedRequest:
     opens = prefix % pool.page_size == 0
     pages = int(np.count_nonzero(opens))
     if pages < len(seq):
-        _check_last_loc(pool, prefix, last, "alloc_decode")
+        _check_last_loc(pool, prefix, last, "alloc_decode", ~opens)
     return PagedRequest(prefix, seq, last, pages, len(seq), opens)
 
 
-def _check_last_loc(pool, prefix: np.ndarray, last: np.ndarray, op: str) -> None:
-    """Where a prefix ends inside a page, its `last_loc` must be a live id
-    at the prefix's last position of that page."""
+def _check_last_loc(pool, prefix: np.ndarray, last: np.ndarray, op: str,
+                    tail: Optional[np.ndarray] = None) -> None:
+    """Where a prefix ends inside a page (`tail`, computed when not given),
+    its `last_loc` must be a live id at the prefix's last position of that
+    page."""
     ps = pool.page_size
-    tail = prefix % ps != 0
-    if not tail.any():
+    if len(prefix) == 0:
         return
-    prefix, last = prefix[tail], last[tail]
+    if tail is None:
+        tail = prefix % ps != 0
+    if not tail.all():
+        if not tail.any():
+            return
+        prefix, last = prefix[tail], last[tail]
     high = pool.vids.size * ps
+    if last.min() >= 0 and last.max() < high:
+        # last sits at position prefix - 1 of its page <=> (last - prefix + 1) % ps == 0
+        placed = (last - prefix + 1) % ps == 0
+        if placed.all() and pool.vids.binds[last // ps].all():
+            return  # the common case in a few vector ops; below, name the offenders
     inside = (last >= 0) & (last < high)
-    placed = last % ps == (prefix - 1) % ps
-    if inside.all() and placed.all() and (pool.vids.binds[last // ps] > 0).all():
-        return  # the common case in one pass; the checks below name the offenders
     if not inside.all():
         raise ValueError(f"{op}: last_loc ids {few(last[~inside])} are outside [0, {high})")
+    placed = (last - prefix + 1) % ps == 0
     if not placed.all():
         raise ValueError(f"{op}: last_loc {few(last[~placed])} do not sit at the prefix's last "
                          f"position within their page (page_size={ps})")

@@ -5,7 +5,7 @@ arena. The host arena (numpy) is the truth: the core reads and writes it
 with no device round trip, so no allocator decision ever waits on the
 device. The device arena mirrors it for the kernels that translate ids
 during a forward. Writes mark their entries dirty; `commit()` ships the
-dirty entries' current values in one upload and one scatter launch. On a
+dirty entries' current values in one upload and one scatter. On a
 backend whose device memory is the host's (the sim backend), the two
 arenas are one array and a commit has nothing to do.
 """
@@ -77,7 +77,9 @@ class PageTables:
         """Bring the device mirror up to date: one upload, one scatter."""
         if not self._dirty:
             return
-        idx = np.unique(np.concatenate(self._dirty))
+        # No dedup: a repeated entry ships the same (current) value twice,
+        # cheaper than sorting the index list.
+        idx = self._dirty[0] if len(self._dirty) == 1 else np.concatenate(self._dirty)
         self._dirty = []
         self.backend.scatter(self.device, idx, self.host[idx])
 

@@ -67,6 +67,15 @@ def test_small_stage_splits_rounds(shape, gen, device):
     check_move(buf, page_bytes, src, dst, device, stage_bytes=4 * page_bytes)
 
 
+@pytest.mark.parametrize("shape", ["shift_up", "compact", "cycles"])
+def test_host_pages_plan_without_a_device_read(shape, gen, device):
+    """The caller's host copy of the page lists plans an overlapping move."""
+    n = 50
+    src, dst = moves(shape, n, 2 * n + 5, gen)
+    buf = random_buffer(2 * n + 5, 100, gen, device)
+    check_move(buf, 100, src, dst, device, host_pages=(src.numpy(), dst.numpy()))
+
+
 def test_unaligned_buffer_falls_back_to_narrow_words(gen, device):
     base = random_buffer(50, 64, gen, device, slack=64)
     buf = base[3:3 + 50 * 64]  # odd address: only byte words fit

@@ -33,17 +33,6 @@ def assert_tables(a, b):
     assert torch.equal(a[1].cpu(), b[1].cpu()), "p2v differs"
 
 
-@pytest.mark.parametrize("n", COUNTS + [1025])
-def test_scatter(n, gen, device):
-    table = torch.randint(-1, 1000, (3000,), generator=gen).to(device)
-    idx = torch.randperm(3000, generator=gen)[:n].to(device)
-    values = torch.randint(-1, 1000, (n,), generator=gen).to(device)
-    ref = table.clone()
-    reference.scatter(ref, idx, values)
-    triton_tables.scatter(table, idx, values)
-    assert torch.equal(ref.cpu(), table.cpu())
-
-
 @pytest.mark.parametrize("n", COUNTS)
 def test_bind(n, gen, device):
     v2p, p2v, _, _ = bound_tables(200, gen, device)
@@ -129,10 +118,6 @@ def test_checks_name_the_argument(device):
         triton_tables.remap_moved(ids, ids, torch.full((20,), -1, dtype=torch.int64, device=device)[::2], p2v)
     with pytest.raises(ValueError, match="page_size=0"):
         triton_tables.translate(ids, v2p, 0)
-    with pytest.raises(ValueError, match="lengths differ"):
-        triton_tables.scatter(v2p, ids, ids[:2])
-    with pytest.raises(ValueError, match="values has dtype torch.int32"):
-        triton_tables.scatter(v2p, ids, ids.to(torch.int32))
     with pytest.raises(ValueError, match="start=-1"):
         triton_tables.alloc_bind(ids, -1, v2p, p2v)
     if device.type == "cuda":

@@ -22,7 +22,6 @@ from hypothesis.stateful import run_state_machine_as_test
 
 import unikv.extent as extent_mod
 from chain_machine import machine_for
-from unikv.backends import SimBackend
 from unikv.bands import BandAllocator, EndBand
 from unikv.chain import Chain
 from unikv.extent import float_region
@@ -143,11 +142,11 @@ def page_representatives_skip(mp) -> None:
 
 def kernel_ids_ignore_blocks(mp) -> None:
     """Kernel-facing translation forgets the blocks-per-page multiplier."""
-    real = SimBackend.translate
+    real = paged.translate
 
-    def planted(v_tokens, v2p, page_size, multiplier=1):
-        return real(v_tokens, v2p, page_size, 1)
-    mp.setattr(SimBackend, "translate", staticmethod(planted))
+    def planted(ids, v2p, page_size, multiplier=1):
+        return real(ids, v2p, page_size, 1)
+    mp.setattr(paged, "translate", planted)
 
 
 class Plant(NamedTuple):

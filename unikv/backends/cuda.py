@@ -32,10 +32,8 @@ def _kernel_ops() -> SimpleNamespace:
         def move(buffer, page_bytes, src, dst, disjoint=None):
             reference.move_pages(buffer, page_bytes, src, dst)
 
-        return SimpleNamespace(triton=False, scatter=reference.scatter, translate=reference.translate,
-                               move_pages=move)
-    return SimpleNamespace(triton=True, scatter=triton_tables.scatter, translate=triton_tables.translate,
-                           move_pages=triton_move.move_pages)
+        return SimpleNamespace(triton=False, translate=reference.translate, move_pages=move)
+    return SimpleNamespace(triton=True, translate=triton_tables.translate, move_pages=triton_move.move_pages)
 
 
 class DoneEvent:
@@ -112,32 +110,34 @@ class CudaBackend:
             return torch.from_numpy(host).to(self.device, copy=True)
 
     def upload(self, values: np.ndarray) -> torch.Tensor:
-        """Host int64 values -> device, through pinned memory, asynchronously
-        (the caching host allocator keeps the pinned block alive until the
-        copy has run)."""
+        """Host int64 values -> device, asynchronously (see `_upload`)."""
         return self._upload(values)[0]
 
     def _upload(self, *arrays: np.ndarray) -> list[torch.Tensor]:
-        """Equal-length int64 host arrays in one pinned staging block and one
-        copy; returns their device rows."""
-        n = len(arrays[0])
+        """Equal-length int64 host arrays in one copy; returns their device
+        rows. The copy is asynchronous with respect to the device: the CUDA
+        driver stages pageable host memory before returning (no stream or
+        device wait; on the H200 host 7 us for 256 ids, against 19 us for a
+        pinned staging block built per call)."""
+        host = arrays[0] if len(arrays) == 1 else np.stack(arrays)
+        t = torch.from_numpy(np.ascontiguousarray(host, dtype=np.int64))
         if not self.cuda:
-            return [torch.from_numpy(np.array(a, dtype=np.int64)) for a in arrays]
-        host = torch.empty((len(arrays), n), dtype=torch.int64, pin_memory=True)
-        staged = host.numpy()
-        for row, a in zip(staged, arrays):
-            row[:] = a
+            return [t.clone()] if len(arrays) == 1 else list(t.clone())
         with self._on_stream():
-            dev = host.to(self.device, non_blocking=True)
-        return list(dev)
+            dev = t.to(self.device, non_blocking=True)
+        return [dev] if len(arrays) == 1 else [dev[0], dev[1]] if len(arrays) == 2 else list(dev)
 
     def scatter(self, table: torch.Tensor, idx: np.ndarray, values: np.ndarray) -> None:
-        """`table[idx] = values`: one upload of both arrays, one launch."""
+        """`table[idx] = values`: one upload of both arrays and one torch
+        `index_put_` (7.5 us of host time on the H200 against ~25 us for a
+        Triton launch of the same scatter). Repeated indices carry equal
+        values (the commit reads them from the host arena), so their order
+        does not matter."""
         if len(idx) == 0:
             return
         i, v = self._upload(idx, values)
         with self._on_stream():
-            self.ops.scatter(table, i, v)
+            table.index_put_((i,), v)
 
     # -- events --
 
@@ -166,12 +166,16 @@ class CudaBackend:
     def move_pages(self, buffer, page_bytes: int, src: np.ndarray, dst: np.ndarray,
                    disjoint: Optional[bool] = None) -> None:
         """Copy page rows `src -> dst` (see `triton_move.move_pages`); the
-        page lists travel in one upload."""
+        page lists travel in one upload, and an overlapping move is planned
+        from the host lists (no device read)."""
         if buffer is None or len(src) == 0:
             return
         s, d = self._upload(src, dst)
         with self._on_stream():
-            self.ops.move_pages(buffer, page_bytes, s, d, disjoint=disjoint)
+            if self.ops.triton:  # the planner reads the host lists: no device read
+                self.ops.move_pages(buffer, page_bytes, s, d, disjoint=disjoint, host_pages=(src, dst))
+            else:
+                self.ops.move_pages(buffer, page_bytes, s, d, disjoint=disjoint)
 
     def translate(self, v_tokens, v2p, page_size: int, multiplier: int = 1) -> torch.Tensor:
         with self._on_stream():

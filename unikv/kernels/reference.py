@@ -9,11 +9,6 @@ from __future__ import annotations
 import torch
 
 
-def scatter(table: torch.Tensor, idx: torch.Tensor, values: torch.Tensor) -> None:
-    """`table[idx[i]] = values[i]` for unique `idx` (int64, same length)."""
-    table[idx] = values
-
-
 def bind(v_pages: torch.Tensor, p_pages: torch.Tensor, v2p: torch.Tensor, p2v: torch.Tensor) -> None:
     """Bind `v_pages[i] <-> p_pages[i]` in both tables (same length, int64)."""
     v2p[v_pages] = p_pages

@@ -128,7 +128,8 @@ def copy_rows(src_flat: torch.Tensor, src_rows: torch.Tensor, dst_flat: torch.Te
 
 
 def move_pages(buffer: torch.Tensor, page_bytes: int, src: torch.Tensor, dst: torch.Tensor, *,
-               disjoint: Optional[bool] = None, stage_bytes: int = STAGE_BYTES,
+               disjoint: Optional[bool] = None, host_pages: Optional[tuple] = None,
+               stage_bytes: int = STAGE_BYTES,
                tile_bytes: int = TILE_BYTES, num_warps: int = NUM_WARPS, streaming: bool = STREAMING) -> None:
     """Copy page rows `src[i] -> dst[i]` on the grid of `page_bytes` pages.
 
@@ -140,6 +141,9 @@ def move_pages(buffer: torch.Tensor, page_bytes: int, src: torch.Tensor, dst: to
             host read, no checks of the page values); None (default) reads
             the pages to the host once and plans the launches (and checks
             the pages lie on the grid); False is treated as None.
+        host_pages: `(src, dst)` as host int arrays equal to the device
+            ones, when the caller has them: the plan is made from these and
+            the host read is skipped.
         stage_bytes: most temp bytes one staging round uses.
     Raises:
         ValueError: for bad dtypes, shapes or devices, a page off the grid or
@@ -157,7 +161,10 @@ def move_pages(buffer: torch.Tensor, page_bytes: int, src: torch.Tensor, dst: to
     if disjoint:
         return copy_rows(flat, src, flat, dst, row_elems, **tune)
     num_pages = buffer.numel() // page_bytes
-    hs, hd = torch.stack([src, dst]).cpu().numpy()  # the one host read
+    if host_pages is not None:
+        hs, hd = (np.asarray(a, dtype=np.int64) for a in host_pages)
+    else:
+        hs, hd = torch.stack([src, dst]).cpu().numpy()  # the one host read
     off = (hs < 0) | (hs >= num_pages) | (hd < 0) | (hd >= num_pages)
     if off.any():
         bad = np.concatenate([hs[off], hd[off]])[:8].tolist()

@@ -1,4 +1,4 @@
-"""Triton page-table kernels: scatter, bind, alloc_bind, free_unbind, remap_moved, translate.
+"""Triton page-table kernels: bind, alloc_bind, free_unbind, remap_moved, translate.
 
 Each launcher keeps the contract of its torch reference (`reference.py`,
 `reference.py` for `alloc_bind`), checks shapes, dtypes and
@@ -27,15 +27,6 @@ from unikv.kernels.launch import (
 )
 
 BLOCK = 1024  # ids per program: table kernels are tiny scatters
-
-
-@triton.jit
-def _scatter_kernel(idx_ptr, val_ptr, table_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    i = tl.load(idx_ptr + offs, mask=mask, other=0)
-    v = tl.load(val_ptr + offs, mask=mask, other=0)
-    tl.store(table_ptr + i, v, mask=mask)
 
 
 @triton.jit
@@ -112,29 +103,6 @@ def _tables(op: str, v2p: torch.Tensor, p2v: torch.Tensor, **ids: torch.Tensor) 
     for name, t in ids.items():
         check_tensor(t, name, op)
     check_same_device(op, v2p=v2p, p2v=p2v, **ids)
-
-
-def scatter(table: torch.Tensor, idx: torch.Tensor, values: torch.Tensor) -> None:
-    """`table[idx[i]] = values[i]` (see `reference.scatter`); `idx` unique.
-
-    The allocator's commit: host-decided table entries shipped in one launch.
-
-    Raises:
-        ValueError: for non-int64 or non-1-D tensors, different lengths or
-            devices, or a non-contiguous table.
-    """
-    op = "scatter"
-    if not fast_ok(table, idx, values):
-        check_table(table, "table", op)
-        check_tensor(idx, "idx", op)
-        check_tensor(values, "values", op)
-        check_same_device(op, table=table, idx=idx, values=values)
-    n = check_same_length(op, idx=idx, values=values)
-    if n == 0:
-        return
-    if not runs_triton(_scatter_kernel, table):
-        return reference.scatter(table, idx, values)
-    _scatter_kernel[(cdiv(n, BLOCK),)](contiguous(idx), contiguous(values), table, n, BLOCK=BLOCK)
 
 
 def bind(v_pages: torch.Tensor, p_pages: torch.Tensor, v2p: torch.Tensor, p2v: torch.Tensor) -> None:
