@@ -303,54 +303,36 @@ def _longest(trace: TraceSpec) -> int:
     return int((df["prompt_tokens"] + df["output_tokens"]).max())
 
 
-def holds_longest(case: Case, kind: str, static_ratio=None, *, probe: bool = True) -> bool:
-    """Whether an empty pool of this layout holds the slice's longest request.
-
-    probe=True runs the engine's own probe (`sim.run.max_request_tokens`:
-    chunked prefill with the window ratchet between), so no request of the
-    slice is rejected; probe=False is `sim.layouts.check_fits`, which is
-    cheaper and can be a page more permissive.
-    """
+def holds_longest(case: Case, kind: str, static_ratio=None) -> bool:
+    """Whether an empty pool of this layout holds the slice's longest request
+    (`sim.layouts.check_fits`: the engine's own allocation path, so no request
+    of the slice is rejected at a budget where this holds)."""
     from sim.layouts import build_layout, check_fits
-    from sim.run import max_request_tokens
 
     config = case.config(layout=kind)
-    spec = load_model(case.model)
-    longest = _longest(case.trace)
     try:
-        plan = build_layout(spec, kv_budget_gib=case.kv_budget_gib, page_size=config.page_size,
-                            kind=kind, static_ratio=static_ratio)
-        if not probe:
-            check_fits(plan, longest, prefill_chunk_tokens=config.scheduler.prefill_tokens_per_step)
-            return True
-        return max_request_tokens(plan, spec, config, cap=longest) >= longest
+        plan = build_layout(load_model(case.model), kv_budget_gib=case.kv_budget_gib,
+                            page_size=config.page_size, kind=kind, static_ratio=static_ratio)
+        check_fits(plan, _longest(case.trace), compaction=config.compaction,
+                   prefill_chunk_tokens=config.scheduler.prefill_tokens_per_step)
+        return True
     except ValueError:  # RequestTooLargeError, or a budget too small for the bands themselves
         return False
-
-
-def _tighten(ok, value: float, step: float, tries: int = 50) -> float:
-    """From a `check_fits` edge, move by `step` (a factor) until the probe agrees."""
-    for _ in range(tries):
-        if ok(value):
-            return value
-        value *= step
-    raise ValueError(f"no feasible value near {value / step ** tries:g}")
 
 
 def budget_floor_gib(trace: TraceSpec, model: str, **cfg) -> float:
     """The smallest budget (GiB, within 1 %) at which the static split at its
     default ratio and the unified layout both hold the slice's longest request."""
-    def fits(gib: float, probe: bool = False) -> bool:
+    def fits(gib: float) -> bool:
         case = Case(trace=trace, model=model, kv_budget_gib=gib, options=tuple(cfg.items()))
-        return all(holds_longest(case, kind, probe=probe) for kind in ("static", _unified_kind(model)))
+        return all(holds_longest(case, kind) for kind in ("static", _unified_kind(model)))
 
     hi = 1 / 16
     while not fits(hi):
         hi *= 2
         if hi > 1 << 14:
             raise ValueError(f"{model} cannot hold the longest request of {trace.name} in 16 TiB")
-    edge = _edge(fits, hi, hi / 2 if hi > 1 / 16 else 1 / 1024, steps=10)
-    return _tighten(lambda g: fits(g, probe=True), edge, 1.01)
+    return _edge(fits, hi, hi / 2 if hi > 1 / 16 else 1 / 1024, steps=10)
 
 
 def suggest_budget_gib(mean_live_bytes: float, floor_gib: float, fraction: float = 0.6) -> float:
@@ -505,15 +487,13 @@ def feasible_factors(case: Case, ratio: Ratio) -> Optional[tuple[float, float]]:
         return None
     value = (lambda r: r.swa_full_tokens) if ratio.bands == ("swa",) else (lambda r: r.mamba_full_memory)
 
-    def ok(f: float, probe: bool = False) -> bool:
-        return holds_longest(case, "static", ratio.scaled(f).as_static_ratio(), probe=probe)
+    def ok(f: float) -> bool:
+        return holds_longest(case, "static", ratio.scaled(f).as_static_ratio())
 
     ref = value(Ratio(bands=ratio.bands)) / value(ratio)
-    if not ok(ref, probe=True):
+    if not ok(ref):
         return None
-    probed = lambda f: ok(f, probe=True)  # noqa: E731
-    return (_tighten(probed, _edge(ok, ref, ref / 1e3), 1.01),
-            _tighten(probed, _edge(ok, ref, ref * 1e3), 1 / 1.01))
+    return _edge(ok, ref, ref / 1e3), _edge(ok, ref, ref * 1e3)
 
 
 def _edge(ok, inside: float, outside: float, steps: int = 24) -> float:

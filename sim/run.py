@@ -19,7 +19,8 @@ import unikv
 from sim import cost as cost_model
 from sim.config import RunConfig
 from sim.engine import Simulation
-from sim.layouts import build_layout
+from sim.fit import max_request_tokens
+from sim.layouts import RequestTooLargeError, build_layout, check_fits
 from sim.memory import Memory
 from sim.models import load_model
 from sim.request import Request
@@ -81,34 +82,6 @@ def _requests(df: pd.DataFrame) -> list[Request]:
     return out
 
 
-def max_request_tokens(plan, model, config: RunConfig, cap: int) -> int:
-    """The longest request (prompt + output tokens, at most `cap`) an empty
-    pool of this layout can hold, prefilled in chunks with the window ratchet
-    between."""
-    budget = config.scheduler.prefill_tokens_per_step
-    window = model.window_tokens if model.swa_layers else None
-
-    def fits(total: int) -> bool:
-        pool = plan.make_pool(SimBackend(), config.compaction)
-        mem = Memory(pool, window_tokens=window, block_tokens=None)
-        req = Request(0, 0.0, total, 1)
-        if mem.state_band is not None and pool.alloc_state(mem.state_band, 1) is None:
-            return False
-        while req.seq < total:
-            if not mem.extend(req, min(budget, total - req.seq)):
-                return False
-            mem.ratchet([req])
-        return True
-
-    lo, hi = 0, cap
-    if fits(hi):
-        return hi
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-    return lo
-
-
 class EngineStepCost:
     """Step time of the cost model for one model and hardware."""
 
@@ -166,14 +139,7 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     plan = build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
                         kind=config.layout, static_ratio=config.static_ratio)
     reqs = _requests(df)
-    longest = max(r.prompt_tokens + r.output_tokens for r in reqs)
-    limit = max_request_tokens(plan, model, config, cap=longest)
-    if config.oversize == "error" and longest > limit:
-        too_long = sum(r.prompt_tokens + r.output_tokens > limit for r in reqs)
-        raise ValueError(
-            f"KV budget {config.kv_budget_gib} GiB ({config.layout}) holds at most {limit} tokens "
-            f"of one {model.name} request, but {too_long} request(s) of the trace need up to "
-            f"{longest}; raise kv_budget_gib or pass oversize='reject'")
+    limit = _request_limit(plan, config, reqs)
     pool = plan.make_pool(SimBackend(), config.compaction)
     block = config.scheduler.block_tokens or df.attrs.get("block_tokens")
     use_cache = config.scheduler.prefix_cache and block and "prefix_hashes" in df.columns
@@ -196,6 +162,25 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     identity = _identity(config, df, model, plan)
     return RunResult(config, identity, steps, requests, summary, sim.violations,
                      time.perf_counter() - t0)
+
+
+def _request_limit(plan, config: RunConfig, reqs: list[Request]) -> int:
+    """The longest request the engine admits (`sim.fit`); with oversize="error",
+    raise (before the run) unless the trace's longest request fits alone."""
+    longest = max(r.prompt_tokens + r.output_tokens for r in reqs)
+    chunk = config.scheduler.prefill_tokens_per_step
+    if config.oversize == "reject":
+        return max_request_tokens(plan, longest, prefill_chunk_tokens=chunk, compaction=config.compaction)
+    try:
+        check_fits(plan, longest, prefill_chunk_tokens=chunk, compaction=config.compaction)
+    except RequestTooLargeError as exc:
+        limit = max_request_tokens(plan, longest, prefill_chunk_tokens=chunk, compaction=config.compaction)
+        too_long = sum(r.prompt_tokens + r.output_tokens > limit for r in reqs)
+        raise RequestTooLargeError(
+            f"KV budget {config.kv_budget_gib} GiB ({config.layout}) holds at most {limit} tokens of "
+            f"one request, but {too_long} request(s) of the trace need up to {longest}: {exc}; "
+            "or pass oversize='reject'") from None
+    return longest
 
 
 def _identity(config: RunConfig, df: pd.DataFrame, model, plan) -> dict:

@@ -7,6 +7,8 @@ import pytest
 
 from sim.cli import compare, replay
 from sim.config import RunConfig
+from sim.layouts import RequestTooLargeError, build_layout, check_fits
+from sim.models import load_model
 from sim.run import run, write_run
 
 SMALL = dict(trace="azure_conv", trace_end_s=20.0, model="gpt-oss-20b", kv_budget_gib=1.0, check_every=25)
@@ -109,3 +111,48 @@ def test_compare_cli_runs_the_grid(tmp_path):
     table = pd.read_csv(tmp_path / "comparison.csv")
     assert set(table["label"]) == {"static", "end_end/lazy", "end_end/eager", "oracle"}
     assert (table.loc[table["label"] == "oracle", "capacity_efficiency"] == 1.0).all()
+
+
+def _one_request(prompt: int, output: int) -> pd.DataFrame:
+    return pd.DataFrame({"arrival_s": [0.0], "prompt_tokens": [prompt], "output_tokens": [output]})
+
+
+def test_request_limit_boundary_by_hand():
+    # llama-3.1-8b: one full band, 131072 B/token, pages of 16 tokens = 2 MiB;
+    # the sink is one page. 1000 + 8 tokens = 63 pages: 64 pages = 0.125 GiB
+    # hold it; one page less cannot, and the run refuses to start.
+    df = _one_request(1000, 8)
+    cfg = RunConfig(trace="one", model="llama-3.1-8b", kv_budget_gib=0.125, check_every=1)
+    res = run(cfg, trace_df=df)
+    assert res.summary["finished"] == 1 and res.summary["retractions"] == 0 and res.violations == []
+    assert res.summary["max_request_tokens"] == 1008
+    with pytest.raises(RequestTooLargeError, match="holds at most 992 tokens.*raise kv_budget_gib"):
+        run(cfg.with_(kv_budget_gib=(64 - 1) * 2**21 / 2**30), trace_df=df)
+
+
+@pytest.mark.parametrize("layout", ["end_end", "static"])
+def test_check_fits_and_the_engine_agree_at_the_boundary(layout):
+    # A byte budget where check_fits starts to accept one gemma-3-12b request
+    # (window band + full band, chunked prefill): the engine runs it there,
+    # and a byte less stops the run before it starts. (The static split's
+    # fit is not monotone in bytes: its regions' page alignment moves.)
+    df = _one_request(20000, 200)
+    plan_at = lambda b: build_layout(load_model("gemma-3-12b"), kv_budget_gib=b / 2**30,  # noqa: E731
+                                     page_size=16, kind=layout)
+
+    def fits(b: int) -> bool:
+        try:
+            check_fits(plan_at(b), 20200, prefill_chunk_tokens=8192)
+        except ValueError:
+            return False
+        return True
+
+    lo, hi = 1 << 20, 1 << 36
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    cfg = RunConfig(trace="one", model="gemma-3-12b", layout=layout, kv_budget_gib=hi / 2**30, check_every=1)
+    res = run(cfg, trace_df=df)
+    assert res.summary["finished"] == 1 and res.summary["retractions"] == 0 and res.violations == []
+    with pytest.raises(RequestTooLargeError, match="raise kv_budget_gib"):
+        run(cfg.with_(kv_budget_gib=(hi - 1) / 2**30), trace_df=df)
