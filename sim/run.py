@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -17,7 +18,7 @@ import torch
 import traces
 import unikv
 from sim import cost as cost_model
-from sim.config import RunConfig
+from sim.config import TRACE_FIELDS, RunConfig
 from sim.engine import Simulation
 from sim.fit import max_request_tokens
 from sim.layouts import RequestTooLargeError, build_layout, check_fits
@@ -53,17 +54,30 @@ def torch_threads(n: int):
 
 
 def load_trace(config: RunConfig) -> pd.DataFrame:
-    """The trace of `config`, windowed, rate-scaled and truncated."""
-    path = Path(config.trace)
+    """The requests of `config`: the one loader of the simulator.
+
+    In order: load (Poisson arrivals at `rate_rps`, bucket spread over
+    `spread_s`, both seeded by `seed`), keep `[trace_start_s, trace_end_s)`,
+    clip to `max_context_tokens`, scale the rate, keep `max_requests`.
+
+    Raises:
+        ValueError: an unknown trace, bad transform options, or an empty slice.
+    """
+    opts = {"seed": config.seed, "rate_rps": config.rate_rps, "spread_s": config.spread_s}
     if config.trace in traces.samples.names():
-        df = traces.load_sample(config.trace)
-    elif path.exists():
-        df = traces.load(path)
+        df = traces.load_sample(config.trace, **opts)
+    elif Path(config.trace).exists():
+        df = traces.load(Path(config.trace), **opts)
     else:
         raise ValueError(f"trace {config.trace!r} is neither a file nor a bundled sample "
                          f"({', '.join(traces.samples.names())})")
+    if config.rate_rps is None and len(df) > 1 and not df["arrival_s"].any():
+        warnings.warn(f"trace {config.trace!r} has no timestamps: every request arrives at 0 s "
+                      "(set rate_rps for Poisson arrivals)", traces.TraceWarning, stacklevel=2)
     if config.trace_start_s or config.trace_end_s is not None:
         df = traces.window(df, start_s=config.trace_start_s, end_s=config.trace_end_s)
+    if config.max_context_tokens is not None:
+        df = traces.clip_to_context(df, max_context_tokens=config.max_context_tokens)
     if config.rate_scale != 1.0:
         df = traces.scale_rate(df, factor=config.rate_scale)
     if config.max_requests is not None:
@@ -186,8 +200,7 @@ def _request_limit(plan, config: RunConfig, reqs: list[Request]) -> int:
 def _identity(config: RunConfig, df: pd.DataFrame, model, plan) -> dict:
     return {
         "trace": str(df.attrs.get("source", config.trace)),
-        "trace_slice": {"start_s": config.trace_start_s, "end_s": config.trace_end_s,
-                        "rate_scale": config.rate_scale, "max_requests": config.max_requests},
+        "trace_slice": {f: getattr(config, f) for f in TRACE_FIELDS if f != "trace"},
         "model": model.name,
         "kv_budget_bytes": plan.layout.total_bytes,
         "page_size": config.page_size,
