@@ -11,40 +11,55 @@ import dataclasses
 import math
 import sys
 import time
+import typing
 from pathlib import Path
 from typing import Optional, Sequence
 
 import pandas as pd
 
-from sim.config import COMPACTIONS, LAYOUTS, RunConfig, SchedulerConfig
+from sim.config import COMPACTIONS, LAYOUTS, OVERSIZE, RunConfig, SchedulerConfig
 from sim.layouts import applicable_kinds
 from sim.models import load_model
 
-_HELP = {
-    "trace": "bundled sample name or trace file path",
-    "model": "bundled model name or a Hugging Face config.json path",
-    "kv_budget_gib": "KV buffer size in GiB",
-    "static_ratio": "static split ratio (swa/full tokens, or mamba/full bytes)",
-    "check_every": "verify pool invariants every N steps (0: never)",
-}
-
 
 def _add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
+    """One `--flag` per RunConfig / SchedulerConfig field: its type from the
+    annotation, its default and help from the field."""
     for cls in (RunConfig, SchedulerConfig):
+        hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             if f.name in skip or f.name == "scheduler":
                 continue
             default = f.default if f.default is not dataclasses.MISSING else None
             flag = "--" + f.name.replace("_", "-")
-            if isinstance(default, bool):
-                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+            kind, optional = _base_type(hints[f.name])
+            helptext = f"{f.metadata.get('help', f.name)} (default {default})"
+            if kind is bool:
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                                    help=f.metadata.get("help"))
                 continue
-            kind = type(default) if default is not None else (float if "ratio" in f.name or f.name.endswith("_s") else str)
-            if f.name in ("max_requests", "block_tokens"):
-                kind = int
-            choices = {"layout": LAYOUTS, "compaction": COMPACTIONS, "oversize": ("error", "reject")}.get(f.name)
-            parser.add_argument(flag, type=kind, default=default, choices=choices,
-                                help=_HELP.get(f.name, f"default {default}"))
+            parser.add_argument(flag, type=_parse(kind, optional), default=default, choices=_CHOICES.get(f.name),
+                                help=helptext)
+
+
+_CHOICES = {"layout": LAYOUTS, "compaction": COMPACTIONS, "oversize": OVERSIZE}
+
+
+def _base_type(hint) -> tuple[type, bool]:
+    """(int, False) for `int`, (int, True) for `Optional[int]`, and so on."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        return next(a for a in args if a is not type(None)), True
+    return hint, False
+
+
+def _parse(kind: type, optional: bool):
+    """Parse a flag value of `kind`; "none" gives None for an optional field."""
+    def parse(text: str):
+        return None if optional and text.lower() == "none" else kind(text)
+
+    parse.__name__ = kind.__name__  # argparse names the type in its errors
+    return parse
 
 
 def _config(args: argparse.Namespace, **override) -> RunConfig:

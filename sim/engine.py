@@ -159,8 +159,10 @@ class Simulation:
             if not self.mem.admit(r, now):
                 break
             chunk = min(r.prefill_left, budget)
-            ok = self._with_eviction(lambda: self.mem.extend(r, chunk))
-            if not ok or not self._reserve_holds(r):
+            # Ask, then act: the reserve is checked before the chunk is
+            # allocated (an allocation undone costs as much as one kept).
+            if not self._reserve_holds(r, chunk) or \
+                    not self._with_eviction(lambda: self.mem.extend(r, chunk)):
                 self._undo_admission(r)
                 break
             self.waiting.popleft()
@@ -172,15 +174,21 @@ class Simulation:
             budget -= chunk
         return out
 
-    def _reserve_holds(self, new: Request) -> bool:
-        """SGLang's admission guard: room must remain for `reserve_ratio` of
-        the tokens the running requests (and `new`) have yet to decode."""
-        if self.reserve_ratio <= 0:
+    def _reserve_holds(self, new: Request, chunk: int) -> bool:
+        """SGLang's admission guard: once `new`'s first `chunk` is allocated,
+        room must remain for `reserve_ratio` of the tokens the running
+        requests (and `new`) have yet to decode. Room is the free pool room
+        plus what evicting unlocked cached blocks would free (SGLang counts
+        evictable cached tokens as available), less the chunk's new pages."""
+        if self.reserve_ratio <= 0 or not self.running:
             return True
         left = sum(r.output_tokens - r.generated + r.prefill_left for r in self.running)
         left += new.output_tokens - new.generated + new.prefill_left
         need = self.reserve_ratio * left
-        return self.pool.available_size(schedulable=True) >= need or not self.running
+        ps = self.ps
+        chunk_slots = (-(-(new.seq + chunk) // ps) - len(new.pages)) * ps
+        room = self.pool.available_size(schedulable=True) + self.mem.evictable_tokens() - chunk_slots
+        return room >= need
 
     def _undo_admission(self, r: Request) -> None:
         self.mem.retract(r, self.env.now)

@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sim.fit import fits_alone
 from sim.models import ModelSpec
 from unikv import Band, Layout, OraclePool, StaticPartitionPool, UnifiedPool
 
@@ -273,37 +274,44 @@ def static_region_bytes(plan: LayoutPlan) -> dict[str, int]:
 
 
 def check_fits(plan: LayoutPlan, max_request_tokens: int, *,
-               prefill_chunk_tokens: int | None = None) -> dict[str, int]:
+               prefill_chunk_tokens: int | None = None, compaction: str = "lazy") -> dict[str, int]:
     """Raise unless one request of `max_request_tokens` tokens fits `plan` alone.
 
-    Returns the request's per-band footprint (`worst_case_request_bytes`,
-    all tokens as prompt). Static: each band's footprint must fit its
-    region. Unified: the sum plus one page per band (alignment at band
-    boundaries) must fit the bytes past the sink. Oracle: the sum must.
+    The decision is the engine's own: `sim.fit.fits_alone` allocates the
+    request (all prompt, in chunks of `prefill_chunk_tokens`, the window
+    ratchet between) on an empty pool of `plan`, so a request passes here
+    exactly when the engine can hold it (band alignment, sink and page
+    rounding included). Returns the request's per-band footprint
+    (`worst_case_request_bytes`), which also names the band in the error.
 
     Raises:
-        RequestTooLargeError: naming the band, the bytes needed and held.
+        RequestTooLargeError: naming the band (static) or the layout, the
+            bytes needed and held.
     """
     need = worst_case_request_bytes(plan.model, max_request_tokens, 0, plan.page_size,
                                     prefill_chunk_tokens=prefill_chunk_tokens)
+    try:
+        ok = fits_alone(plan, max_request_tokens, prefill_chunk_tokens=prefill_chunk_tokens,
+                        compaction=compaction)
+    except ValueError as exc:  # the pool cannot be built at this budget
+        raise RequestTooLargeError(f"{plan.kind} layout of {plan.model.name!r}: {exc}; "
+                                   "raise kv_budget_gib") from exc
+    if not ok:
+        raise RequestTooLargeError(_too_large(plan, max_request_tokens, need))
+    return need
+
+
+def _too_large(plan: LayoutPlan, tokens: int, need: dict[str, int]) -> str:
     layout = plan.layout
-    what = f"one request of {max_request_tokens} tokens on {plan.model.name!r}"
+    what = f"one request of {tokens} tokens on {plan.model.name!r}"
     if plan.kind == "static":
         have = static_region_bytes(plan)
-        for band, nbytes in need.items():
-            if nbytes > have[band]:
-                raise RequestTooLargeError(
-                    f"{what} needs {nbytes} bytes in band {band!r}, but its static region holds "
-                    f"{have[band]} bytes ({plan.fractions[band]:.3f} of a "
-                    f"{layout.total_bytes / 2**30:.3g} GiB budget); raise kv_budget_gib or "
-                    "change static_ratio")
-        return need
-    slack = 0 if plan.kind == "oracle" else sum(b.page_bytes for b in layout.bands)
+        band = max(need, key=lambda b: need[b] - have[b])  # the tightest region
+        return (f"{what} needs about {need[band]} bytes in band {band!r}, but its static region "
+                f"holds {have[band]} bytes ({plan.fractions[band]:.3f} of a "
+                f"{layout.total_bytes / 2**30:.3g} GiB budget); raise kv_budget_gib or change "
+                "static_ratio")
     usable = layout.total_bytes - layout.sink_bytes
-    if sum(need.values()) + slack > usable:
-        parts = ", ".join(f"{b}: {n}" for b, n in need.items())
-        raise RequestTooLargeError(
-            f"{what} needs {sum(need.values())} bytes ({parts}) plus {slack} bytes of band "
-            f"alignment, but the {plan.kind} layout has {usable} usable bytes; "
-            "raise kv_budget_gib")
-    return need
+    parts = ", ".join(f"{b}: {n}" for b, n in need.items())
+    return (f"{what} needs about {sum(need.values())} bytes ({parts}) with page and band "
+            f"alignment, but the {plan.kind} layout has {usable} usable bytes; raise kv_budget_gib")

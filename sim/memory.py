@@ -37,6 +37,9 @@ class Memory:
                              f"page_size={self.ps}")
         self.cache = PrefixCache(block_tokens) if block_tokens else None
         self.evictions = 0
+        # Bytes per token of each token band, and of a coupled token alloc.
+        self.token_bytes = {n: pool.layout.geometry(n).band.entry_bytes for n in pool.token_names}
+        self.token_entry_bytes = sum(self.token_bytes.values())
 
     # -- ids --
 
@@ -69,6 +72,18 @@ class Memory:
             self.pool.free_state(self.state_band, [node.state])
         self.evictions += 1
         return True
+
+    def evictable_tokens(self) -> int:
+        """Tokens of a coupled alloc that evicting every unlocked cached block
+        would make room for: the bytes those blocks hold on the token bands
+        (a block's pages the window ratchet released hold none on the window
+        band) over the bytes of one token on every token band, in whole pages.
+        Exact for byte-fungible layouts (unified, oracle) and models without a
+        window band; an estimate for the static split of a window model."""
+        if self.cache is None or not self.cache.evictable_bytes:
+            return 0
+        page = self.ps * self.token_entry_bytes
+        return self.cache.evictable_bytes // page * self.ps
 
     # -- admission --
 
@@ -201,18 +216,30 @@ class Memory:
         consumed = 0
         for j in range(len(req.nodes), n_blocks):
             pages = own[consumed: consumed + ppb]
-            consumed += ppb
             child = node.children.get(req.hashes[j])
             if child is None:
-                child = self.cache.insert(node, req.hashes[j], pages, now)
+                nbytes = self._block_bytes(req, req.shared_pages + consumed, len(pages))
+                child = self.cache.insert(node, req.hashes[j], pages, now, nbytes)
             else:
                 leftover.extend(pages)
+            consumed += ppb
             node = child
         state = req.state
         if state is not None and node is not self.cache.root and node.state is None:
             self.cache.set_state(node, state)
             state = None
         return leftover + own[consumed:], state
+
+    def _block_bytes(self, req: Request, first: int, n_pages: int) -> int:
+        """Bytes the pages `req.pages[first: first + n_pages]` hold on the token
+        bands (on the window band only those the ratchet has not released)."""
+        total = 0
+        for band, entry in self.token_bytes.items():
+            bound = n_pages
+            if band == "swa" and self.swa:
+                bound = max(0, first + n_pages - max(first, req.swa_released))
+            total += bound * self.ps * entry
+        return total
 
     def retract(self, req: Request, now: float) -> None:
         """Give back everything the request holds; it will be recomputed."""
@@ -238,6 +265,8 @@ class Memory:
                     states.append(node.state)
         if len(set(held)) != len(held):
             out.append("a virtual page is held twice")
+        if self.cache is not None:
+            out.extend(self._check_cache_bytes())
         if self.pool.token_names:
             live = set(self.pool.live_ids().tolist())
             if live != set(held):
@@ -246,4 +275,21 @@ class Memory:
             live = set(self.pool.live_ids(self.state_band).tolist())
             if live != set(states) or len(states) != len(set(states)):
                 out.append(f"held state slots {len(states)} != pool live slots {len(live)}")
+        return out
+
+    def _check_cache_bytes(self) -> list[str]:
+        """Each node's bytes are what its pages hold on the pool's token bands;
+        the cache's evictable total is the sum over its unlocked nodes."""
+        out = []
+        for node in self.cache.walk():
+            if not node.pages:
+                continue
+            reps = self._reps(node.pages)
+            held = sum(int((self.pool.translate(reps, band) > 0).sum()) * self.ps * entry
+                       for band, entry in self.token_bytes.items())
+            if held != node.nbytes:
+                out.append(f"cache node {node.key}: nbytes {node.nbytes} != {held} bound in the pool")
+        slow = self.cache.evictable_bytes_slow()
+        if self.cache.evictable_bytes != slow:
+            out.append(f"evictable bytes {self.cache.evictable_bytes} != {slow} recomputed from the cache")
         return out

@@ -31,8 +31,11 @@ class ModelSpec:
 
     Attributes:
         name: model id ("gpt-oss-120b") or the config file's stem.
-        full_layers: global-attention layers.
-        swa_layers: sliding-window or chunked-local attention layers.
+        full_layers: global-attention layers that store KV (a layer that
+            reuses another layer's KV, as Hymba's `kv_reuse_group`
+            consumers do, is not counted: its bytes are not stored twice).
+        swa_layers: sliding-window or chunked-local attention layers that
+            store KV (same rule).
         state_layers: Mamba / gated-DeltaNet / lightning layers (recurrent state).
         window_tokens: the sliding window, or the chunk size when `chunked`.
         chunked: True for chunk-aligned local attention (Llama-4).
@@ -40,6 +43,10 @@ class ModelSpec:
         swa_token_bytes: KV bytes of one token over all swa / chunked layers.
         state_bytes: recurrent-state bytes of one request over all state layers.
         state_dtype: "bf16" (engine default) or "fp32_ssm" (SSM state in fp32).
+        meta_tokens: learned tokens prepended to every request (Hymba's
+            `num_memory_tokens`). Each request holds their KV in every
+            attention layer, full and swa; the sliding window never evicts
+            them. They are the same for every request (a shareable prefix).
         weight_bytes: bytes of the weights (None: unknown).
         params_total / params_active: parameter counts (None: unknown).
         max_context_tokens: the model's maximum context (None: unknown).
@@ -56,6 +63,7 @@ class ModelSpec:
     swa_token_bytes: int = 0
     state_bytes: int = 0
     state_dtype: str = "bf16"
+    meta_tokens: int = 0
     weight_bytes: int | None = None
     params_total: int | None = None
     params_active: int | None = None
@@ -65,7 +73,7 @@ class ModelSpec:
     def __post_init__(self) -> None:
         owner = f"ModelSpec {self.name!r}"
         for name in ("full_layers", "swa_layers", "state_layers", "full_token_bytes",
-                     "swa_token_bytes", "state_bytes"):
+                     "swa_token_bytes", "state_bytes", "meta_tokens"):
             _check_int(owner, name, getattr(self, name), minimum=0)
         for name in ("weight_bytes", "params_total", "params_active", "max_context_tokens"):
             if getattr(self, name) is not None:
@@ -79,6 +87,8 @@ class ModelSpec:
             _check_int(owner, "window_tokens", self.window_tokens, minimum=1)
         if self.chunked and not self.swa_layers:
             raise ValueError(f"{owner}: chunked=True needs swa_layers > 0")
+        if self.meta_tokens and not (self.full_layers or self.swa_layers):
+            raise ValueError(f"{owner}: meta_tokens={self.meta_tokens} needs attention layers")
         if self.state_dtype not in STATE_DTYPES:
             raise ValueError(f"{owner}: state_dtype={self.state_dtype!r} is not one of {STATE_DTYPES}")
         if (self.params_active or 0) > (self.params_total or float("inf")):
@@ -96,6 +106,18 @@ class ModelSpec:
     def token_bytes(self) -> int:
         """KV bytes of one token over all attention layers (full + swa)."""
         return self.full_token_bytes + self.swa_token_bytes
+
+    def request_bytes(self, tokens: int) -> int:
+        """Resident bytes of one request of `tokens` tokens, without page rounding.
+
+        full: (tokens + meta) x full_token_bytes; swa: (min(tokens, window) +
+        meta) x swa_token_bytes (the window never evicts meta tokens);
+        plus one recurrent state.
+        """
+        meta = self.meta_tokens
+        swa = (min(tokens, self.window_tokens) + meta) * self.swa_token_bytes if self.swa_layers else 0
+        full = (tokens + meta) * self.full_token_bytes if self.full_layers else 0
+        return full + swa + (self.state_bytes if self.state_layers else 0)
 
 
 def _check_int(owner: str, name: str, value, *, minimum: int) -> None:
@@ -169,6 +191,7 @@ def _from_entry(entry: dict, params: dict, state_dtype: str) -> ModelSpec:
         swa_token_bytes=per_token.get(swa_kind, 0),
         state_bytes=state.get(state_key, 0),
         state_dtype=state_dtype,
+        meta_tokens=entry.get("meta_tokens", 0),
         sources=sources | _param_sources(params),
         **_param_fields(params),
     )
@@ -235,6 +258,7 @@ def parse_config(config: Mapping[str, Any], *, name: str, state_dtype: str = "bf
                                                                          "sliding_window_size")
         window = c.need(*keys, what=f"the {swa_kind} layers' window")
     dtype = c.get("torch_dtype", "dtype") or config.get("torch_dtype") or config.get("dtype")
+    meta = _hymba_meta_tokens(c) if _is_hymba(c) else 0
     return ModelSpec(
         name=name,
         full_layers=counts["full"],
@@ -246,6 +270,7 @@ def parse_config(config: Mapping[str, Any], *, name: str, state_dtype: str = "bf
         swa_token_bytes=n_swa * _kv_bytes(c, "swa") if n_swa else 0,
         state_bytes=counts["state"] * (conv * 2 + ssm * ssm_bytes),
         state_dtype=state_dtype,
+        meta_tokens=meta,
         max_context_tokens=c.get("max_position_embeddings"),
         sources={"config_torch_dtype": str(dtype)},
     )
@@ -293,6 +318,8 @@ def _layer_counts(c: _ConfigReader, n: int) -> Counter:
     """Layers by kind ("full", "swa", "chunked", "state"); MLP-only layers are dropped."""
     if c.model_type.startswith("falcon_h1"):
         return Counter(full=n, state=n)  # parallel hybrid: attention and Mamba-2 in every layer
+    if _is_hymba(c):
+        return _hymba_counts(c, n)
     kinds = _layer_kinds(c, n)
     if len(kinds) != n:
         raise ValueError(f"config {c.name!r}: layer pattern has {len(kinds)} entries, "
@@ -352,6 +379,8 @@ def _lookup(table: dict, key, c: _ConfigReader, field_name: str):
 def _kv_bytes(c: _ConfigReader, kind: str) -> int:
     """KV bytes of one token in one layer of `kind` ("full" or "swa"/"chunked")."""
     what = "the attention layers' KV bytes"
+    if _is_hymba(c):
+        return _hymba_kv_bytes(c)
     heads = c.need("num_attention_heads", what=what)
     kv_heads = c.get("num_key_value_heads", default=heads)
     head_k = c.get("head_dim", "attention_head_dim")
@@ -402,3 +431,79 @@ def _mamba2_elems(c: _ConfigReader) -> tuple[int, int]:
     d_conv = c.need("conv_kernel", "mamba_d_conv", what=what)
     inner = c.get("mamba_d_ssm", default=heads * head_dim)
     return (d_conv - 1) * (inner + 2 * groups * d_state), heads * head_dim * d_state
+
+
+# -- Hymba (NVIDIA, model_type "hymba") ---------------------------------------
+# Read as NVIDIA's modeling_hymba.py / configuration_hymba.py read config.json:
+# every layer of `layer_type` "h" runs attention heads and Mamba(-1) heads in
+# parallel; `global_attn_idx` lists the full-attention layers, the others slide
+# over `sliding_window` tokens; in each `kv_reuse_group` the first layer
+# produces K/V and the rest reuse it (KV stored once per group);
+# `num_memory_tokens` meta tokens are prepended to every request.
+
+_HYMBA_LAYER_TYPES = {"h": (True, True), "a": (True, False), "m": (False, True)}  # (attention, mamba)
+
+
+def _is_hymba(c: _ConfigReader) -> bool:
+    return c.model_type.startswith("hymba")
+
+
+def _hymba_counts(c: _ConfigReader, n: int) -> Counter:
+    """KV-storing attention layers by kind, and Mamba layers, of a Hymba config."""
+    what = "Hymba's full-attention layers"
+    global_idx = c.need("global_attn_idx", what=what)
+    bad = [i for i in global_idx if not (isinstance(i, int) and 0 <= i < n)]
+    if bad:
+        raise ValueError(f"config {c.name!r}: global_attn_idx holds {bad}, not layers of "
+                         f"num_hidden_layers={n}")
+    types = c.get("layer_type", default=["h"] * n)
+    if len(types) != n:
+        raise ValueError(f"config {c.name!r}: layer_type has {len(types)} entries, "
+                         f"num_hidden_layers={n}")
+    roles = [_lookup(_HYMBA_LAYER_TYPES, t, c, "layer_type") for t in types]
+    windowed = c.has("sliding_window")
+    kind = ["full" if i in global_idx or not windowed else "swa" for i in range(n)]
+    groups = c.get("kv_reuse_group") or []
+    if not groups and c.get("kv_reuse_every_i_layer", default=-1) > 0:
+        raise ValueError(f"config {c.name!r}: kv_reuse_every_i_layer > 0 without kv_reuse_group "
+                         "is unsupported (give the groups explicitly)")
+    consumers: set[int] = set()
+    seen: set[int] = set()
+    for group in groups:
+        if (not group or any(not (isinstance(i, int) and 0 <= i < n) for i in group)
+                or seen & set(group) or any(not roles[i][0] for i in group)
+                or len({kind[i] for i in group}) != 1):
+            raise ValueError(f"config {c.name!r}: kv_reuse_group {group} must list distinct "
+                             "attention layers of one kind (full or sliding), in no other group")
+        seen.update(group)
+        consumers.update(group[1:])  # group[0] produces K/V; the rest reuse it
+    counts = Counter()
+    for i, (attention, mamba) in enumerate(roles):
+        if attention and i not in consumers:
+            counts[kind[i]] += 1
+        if mamba:
+            counts["state"] += 1
+    return counts
+
+
+def _hymba_kv_bytes(c: _ConfigReader) -> int:
+    """KV bytes of one token in one KV-storing Hymba layer (full and sliding alike)."""
+    what = "Hymba's attention KV bytes"
+    heads = c.need("num_attention_heads", what=what)
+    kv_heads = c.need("num_key_value_heads", what=what)
+    attn_hidden = c.get("attn_hidden_size", default=-1)
+    if attn_hidden <= 0:  # -1: the attention width is hidden_size
+        attn_hidden = c.need("hidden_size", what=what)
+    head = attn_hidden // heads
+    head_k = c.get("kq_head_dim", default=-1)
+    head_v = c.get("v_head_dim", default=-1)
+    head_k = head_k if head_k > 0 else head  # -1: attn_hidden_size / num_attention_heads
+    head_v = head_v if head_v > 0 else head
+    return kv_heads * (head_k + head_v) * KV_DTYPE_BYTES
+
+
+def _hymba_meta_tokens(c: _ConfigReader) -> int:
+    if c.get("memory_tokens_interspersed_every", default=0) > 0:
+        raise ValueError(f"config {c.name!r}: memory_tokens_interspersed_every > 0 (meta tokens "
+                         "repeated through the sequence) is unsupported")
+    return c.get("num_memory_tokens", default=0)

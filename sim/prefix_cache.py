@@ -4,7 +4,11 @@ Each node is one block of `block_tokens` prompt tokens, keyed by its hash
 under its parent (hashes are chained prefixes, as in the Mooncake traces).
 A node owns the virtual pages of its block; running requests lock the path
 they reuse; unlocked leaves are evicted least recently used first. The tree
-knows nothing about the pool: the caller frees an evicted node's pages.
+knows nothing about the pool: the caller frees an evicted node's pages, and
+gives each node the bytes freeing it returns (`nbytes`), so that the tree can
+keep `evictable_bytes`: the bytes of all unlocked nodes. Locks run from the
+root, so an unlocked node's whole subtree is unlocked: repeated leaf eviction
+can free every unlocked node.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from typing import Iterable, Optional
 
 
 class Node:
-    __slots__ = ("key", "parent", "children", "pages", "locks", "last_access", "state", "depth", "alive")
+    __slots__ = ("key", "parent", "children", "pages", "locks", "last_access", "state", "depth", "alive",
+                 "nbytes")
 
-    def __init__(self, key, parent: Optional["Node"], pages: list[int], depth: int) -> None:
+    def __init__(self, key, parent: Optional["Node"], pages: list[int], depth: int, nbytes: int = 0) -> None:
         self.key = key
         self.parent = parent
         self.children: dict = {}
@@ -27,6 +32,7 @@ class Node:
         self.state: Optional[int] = None  # state snapshot slot at this boundary
         self.depth = depth  # blocks from the root, this one included
         self.alive = True
+        self.nbytes = nbytes  # bytes freeing this node's pages returns to the pool
 
     def __repr__(self) -> str:
         return f"Node(key={self.key}, depth={self.depth}, locks={self.locks})"
@@ -44,6 +50,7 @@ class PrefixCache:
         self.pages = 0  # virtual token pages held by nodes
         self.states = 0  # state snapshots held
         self.evicted_nodes = 0
+        self.evictable_bytes = 0  # nbytes of the unlocked nodes (see `evictable_bytes_slow`)
 
     def match(self, hashes: Iterable) -> list[Node]:
         """The longest path of cached nodes along `hashes`."""
@@ -57,6 +64,8 @@ class PrefixCache:
 
     def lock(self, path: list[Node], now: float) -> None:
         for node in path:
+            if not node.locks:
+                self.evictable_bytes -= node.nbytes
             node.locks += 1
             node.last_access = now
 
@@ -64,15 +73,19 @@ class PrefixCache:
         for node in path:
             node.locks -= 1
             node.last_access = now
+            if not node.locks:
+                self.evictable_bytes += node.nbytes
             self._maybe_evictable(node)
 
-    def insert(self, parent: Node, key, pages: list[int], now: float) -> Node:
-        """A new child block under `parent` (which must not have `key`)."""
-        node = Node(key, parent, pages, parent.depth + 1)
+    def insert(self, parent: Node, key, pages: list[int], now: float, nbytes: int = 0) -> Node:
+        """A new child block under `parent` (which must not have `key`);
+        `nbytes`: the bytes evicting it returns to the pool."""
+        node = Node(key, parent, pages, parent.depth + 1, nbytes)
         node.last_access = now
         parent.children[key] = node
         self.nodes += 1
         self.pages += len(pages)
+        self.evictable_bytes += nbytes
         self._maybe_evictable(node)
         return node
 
@@ -95,6 +108,7 @@ class PrefixCache:
             self.nodes -= 1
             self.pages -= len(node.pages)
             self.states -= node.state is not None
+            self.evictable_bytes -= node.nbytes
             self.evicted_nodes += 1
             self._maybe_evictable(node.parent)
             return node
@@ -108,6 +122,10 @@ class PrefixCache:
                 return True
             heapq.heappop(self._heap)
         return False
+
+    def evictable_bytes_slow(self) -> int:
+        """`evictable_bytes` recomputed from the tree (for checks)."""
+        return sum(node.nbytes for node in self.walk() if not node.locks)
 
     def walk(self):
         """Every cached node (depth first)."""

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -17,9 +18,10 @@ import torch
 import traces
 import unikv
 from sim import cost as cost_model
-from sim.config import RunConfig
+from sim.config import TRACE_FIELDS, RunConfig
 from sim.engine import Simulation
-from sim.layouts import build_layout
+from sim.fit import max_request_tokens
+from sim.layouts import RequestTooLargeError, build_layout, check_fits
 from sim.memory import Memory
 from sim.models import load_model
 from sim.request import Request
@@ -52,17 +54,30 @@ def torch_threads(n: int):
 
 
 def load_trace(config: RunConfig) -> pd.DataFrame:
-    """The trace of `config`, windowed, rate-scaled and truncated."""
-    path = Path(config.trace)
+    """The requests of `config`: the one loader of the simulator.
+
+    In order: load (Poisson arrivals at `rate_rps`, bucket spread over
+    `spread_s`, both seeded by `seed`), keep `[trace_start_s, trace_end_s)`,
+    clip to `max_context_tokens`, scale the rate, keep `max_requests`.
+
+    Raises:
+        ValueError: an unknown trace, bad transform options, or an empty slice.
+    """
+    opts = {"seed": config.seed, "rate_rps": config.rate_rps, "spread_s": config.spread_s}
     if config.trace in traces.samples.names():
-        df = traces.load_sample(config.trace)
-    elif path.exists():
-        df = traces.load(path)
+        df = traces.load_sample(config.trace, **opts)
+    elif Path(config.trace).exists():
+        df = traces.load(Path(config.trace), **opts)
     else:
         raise ValueError(f"trace {config.trace!r} is neither a file nor a bundled sample "
                          f"({', '.join(traces.samples.names())})")
+    if config.rate_rps is None and len(df) > 1 and not df["arrival_s"].any():
+        warnings.warn(f"trace {config.trace!r} has no timestamps: every request arrives at 0 s "
+                      "(set rate_rps for Poisson arrivals)", traces.TraceWarning, stacklevel=2)
     if config.trace_start_s or config.trace_end_s is not None:
         df = traces.window(df, start_s=config.trace_start_s, end_s=config.trace_end_s)
+    if config.max_context_tokens is not None:
+        df = traces.clip_to_context(df, max_context_tokens=config.max_context_tokens)
     if config.rate_scale != 1.0:
         df = traces.scale_rate(df, factor=config.rate_scale)
     if config.max_requests is not None:
@@ -79,34 +94,6 @@ def _requests(df: pd.DataFrame) -> list[Request]:
         h = tuple(hashes.iloc[i]) if hashes is not None else ()
         out.append(Request(i, float(t), int(p), int(o), h))
     return out
-
-
-def max_request_tokens(plan, model, config: RunConfig, cap: int) -> int:
-    """The longest request (prompt + output tokens, at most `cap`) an empty
-    pool of this layout can hold, prefilled in chunks with the window ratchet
-    between."""
-    budget = config.scheduler.prefill_tokens_per_step
-    window = model.window_tokens if model.swa_layers else None
-
-    def fits(total: int) -> bool:
-        pool = plan.make_pool(SimBackend(), config.compaction)
-        mem = Memory(pool, window_tokens=window, block_tokens=None)
-        req = Request(0, 0.0, total, 1)
-        if mem.state_band is not None and pool.alloc_state(mem.state_band, 1) is None:
-            return False
-        while req.seq < total:
-            if not mem.extend(req, min(budget, total - req.seq)):
-                return False
-            mem.ratchet([req])
-        return True
-
-    lo, hi = 0, cap
-    if fits(hi):
-        return hi
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-    return lo
 
 
 class EngineStepCost:
@@ -166,14 +153,7 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     plan = build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
                         kind=config.layout, static_ratio=config.static_ratio)
     reqs = _requests(df)
-    longest = max(r.prompt_tokens + r.output_tokens for r in reqs)
-    limit = max_request_tokens(plan, model, config, cap=longest)
-    if config.oversize == "error" and longest > limit:
-        too_long = sum(r.prompt_tokens + r.output_tokens > limit for r in reqs)
-        raise ValueError(
-            f"KV budget {config.kv_budget_gib} GiB ({config.layout}) holds at most {limit} tokens "
-            f"of one {model.name} request, but {too_long} request(s) of the trace need up to "
-            f"{longest}; raise kv_budget_gib or pass oversize='reject'")
+    limit = _request_limit(plan, config, reqs)
     pool = plan.make_pool(SimBackend(), config.compaction)
     block = config.scheduler.block_tokens or df.attrs.get("block_tokens")
     use_cache = config.scheduler.prefix_cache and block and "prefix_hashes" in df.columns
@@ -198,11 +178,29 @@ def _run(config, progress, trace_df, hw) -> RunResult:
                      time.perf_counter() - t0)
 
 
+def _request_limit(plan, config: RunConfig, reqs: list[Request]) -> int:
+    """The longest request the engine admits (`sim.fit`); with oversize="error",
+    raise (before the run) unless the trace's longest request fits alone."""
+    longest = max(r.prompt_tokens + r.output_tokens for r in reqs)
+    chunk = config.scheduler.prefill_tokens_per_step
+    if config.oversize == "reject":
+        return max_request_tokens(plan, longest, prefill_chunk_tokens=chunk, compaction=config.compaction)
+    try:
+        check_fits(plan, longest, prefill_chunk_tokens=chunk, compaction=config.compaction)
+    except RequestTooLargeError as exc:
+        limit = max_request_tokens(plan, longest, prefill_chunk_tokens=chunk, compaction=config.compaction)
+        too_long = sum(r.prompt_tokens + r.output_tokens > limit for r in reqs)
+        raise RequestTooLargeError(
+            f"KV budget {config.kv_budget_gib} GiB ({config.layout}) holds at most {limit} tokens of "
+            f"one request, but {too_long} request(s) of the trace need up to {longest}: {exc}; "
+            "or pass oversize='reject'") from None
+    return longest
+
+
 def _identity(config: RunConfig, df: pd.DataFrame, model, plan) -> dict:
     return {
         "trace": str(df.attrs.get("source", config.trace)),
-        "trace_slice": {"start_s": config.trace_start_s, "end_s": config.trace_end_s,
-                        "rate_scale": config.rate_scale, "max_requests": config.max_requests},
+        "trace_slice": {f: getattr(config, f) for f in TRACE_FIELDS if f != "trace"},
         "model": model.name,
         "kv_budget_bytes": plan.layout.total_bytes,
         "page_size": config.page_size,

@@ -37,6 +37,17 @@ def test_trace_spec_applies_window_clip_rate_and_cap():
     assert "window" in history and "clip_to_context" in history and "scale_rate" in history
 
 
+def test_trace_spec_loads_through_the_simulator_loader():
+    from sim.config import RunConfig
+    from sim.run import load_trace
+
+    spec = an.TraceSpec(name="sharegpt_lengths", end_s=20.0, rate_rps=4.0, max_context_tokens=2048,
+                        seed=3)
+    pd.testing.assert_frame_equal(spec.load(), load_trace(RunConfig(**spec.run_fields())))
+    case = an.Case(trace=spec, model="gpt-oss-20b", kv_budget_gib=1.0)
+    assert case.config().rate_rps == 4.0 and case.config().max_context_tokens == 2048
+
+
 def test_length_only_trace_gets_poisson_arrivals():
     df = an.TraceSpec(name="sharegpt_lengths", end_s=20.0, rate_rps=4.0).load()
     assert 40 <= len(df) <= 120  # ~80 expected

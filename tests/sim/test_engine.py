@@ -168,3 +168,56 @@ def test_window_model_hit_needs_the_window_still_bound():
     reqs = [Request(0, 0.0, 12, 6, (1, 2, 3)), Request(1, 10.0, 13, 1, (1, 2, 3))]
     _, df = simulate(pool, reqs, window=4, block=4)
     assert df["hit_tokens"].tolist() == [0, 0]
+
+
+def test_admission_reserve_counts_evictable_cached_blocks():
+    # A (12 tokens, 3 blocks of 4) finishes at t=1: 12 cached pages, 8 free.
+    # B (2 + 10 out) and C (2 + 3 out) arrive at 1.5; the reserve ratio is 0.9.
+    # B is admitted alone. C: after its chunk 20 - 12 - 2 - 2 = 4 pages are
+    # free, but room must remain for 0.9 x (B: 10 + 2, C: 3 + 2) = 15.3
+    # tokens: free room alone stalls C until B finishes; with the 12
+    # evictable cached pages, 16 >= 15.3 and C runs beside B.
+    # B and C prefill (1.5 -> 2.5), decode twice (C done at 4.5, its 4 pages
+    # freed); B holds 11 tokens at the end, 3 more than the 8 uncached
+    # pages: at 8.5 its decode evicts the LRU leaf, A's block 3. (Eager
+    # compaction: a lazy pool keeps moved-out pages pending a step longer.)
+    pool = small_pool(mode="eager")
+    reqs = [Request(0, 0.0, 12, 1, (1, 2, 3)), Request(1, 1.5, 2, 10), Request(2, 1.5, 2, 3)]
+    mem = Memory(pool, window_tokens=None, block_tokens=4)
+    evicted = []
+    orig = mem.cache.evict_one
+
+    def spy():
+        node = orig()
+        if node is not None:
+            evicted.append((sim.env.now, node.key))
+        return node
+
+    mem.cache.evict_one = spy
+    sim = Simulation(reqs, mem, step_cost=const_cost, kv_bytes=lambda b: 0, max_running=4,
+                     prefill_tokens_per_step=100, max_tokens=100, reserve=(0.9, 0.9, 0.0),
+                     check_every=1)
+    sim.run()
+    df = sim.recorder.requests_frame()
+    assert sim.violations == []
+    assert df["admitted_s"].tolist() == [0.0, 1.5, 1.5]
+    assert df["finished_s"].tolist() == [1.0, 11.5, 4.5]
+    assert evicted == [(8.5, 3)]
+    assert df["retractions"].sum() == 0
+    assert mem.cache.pages == 8 and mem.cache.evictable_bytes == 8 * 100
+    assert mem.evictable_tokens() == 8
+
+
+def test_evictable_bytes_follow_locks_and_the_window_ratchet():
+    # Window 4, pages of 2 tokens on swa + full: A (12 tokens, 3 blocks of 4,
+    # 8 out) releases swa pages as it decodes; at its finish only the pages
+    # still inside its window hold swa bytes, and the node bytes say so.
+    pool = small_pool(page_size=2, bands=("swa", "full"))
+    reqs = [Request(0, 0.0, 12, 8, (1, 2, 3)), Request(1, 20.0, 9, 1, (1, 2))]
+    sim, _ = simulate(pool, reqs, window=4, block=4)  # check_every=1 checks node bytes
+    cache = sim.mem.cache
+    by_key = {n.key: n.nbytes for n in cache.walk()}
+    page = 2 * 100
+    # A's seq at its finish: 12 + 7 = 19 -> swa pages of positions < 14 released.
+    assert by_key == {1: 2 * page, 2: 2 * page, 3: 2 * page}
+    assert cache.evictable_bytes == 6 * page and sim.mem.evictable_tokens() == 6

@@ -200,3 +200,101 @@ def test_modelspec_validates_its_fields():
         ModelSpec(name="x", full_layers=-1)
     spec = ModelSpec(name="x", full_layers=1, full_token_bytes=8, sources={"a": "b"})
     assert hash(spec) == hash(ModelSpec(name="x", full_layers=1, full_token_bytes=8))
+
+
+# -- Hymba-1.5B: full + sliding + Mamba in every layer, KV sharing, meta tokens --
+
+# The fields of nvidia/Hymba-1.5B-Base config.json that the geometry uses
+# (sources: sim/data/models.json, entry "hymba-1.5b-base").
+HYMBA_GROUPS = [[1, 2], [3, 4], [5, 6], [7, 8], [9, 10], [11, 12], [13, 14], [16, 17, 18],
+                [19, 20], [21, 22], [23, 24], [25, 26], [27, 28], [29, 30]]
+HYMBA = dict(model_type="hymba", num_hidden_layers=32, hidden_size=1600, attn_hidden_size=-1,
+             num_attention_heads=25, num_key_value_heads=5, kq_head_dim=-1, v_head_dim=128,
+             global_attn_idx=[0, 15, 31], kv_reuse_group=HYMBA_GROUPS, kv_reuse_every_i_layer=-1,
+             layer_type=["h"] * 32, sliding_window=1024, num_memory_tokens=128,
+             memory_tokens_interspersed_every=0, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+             conv_dim={str(i): 3200 for i in range(32)}, max_position_embeddings=8192)
+
+
+def test_hymba_bytes_recomputed_by_hand():
+    spec = parse_config(HYMBA, name="hymba")
+    # KV per token per layer: 5 KV heads x (K 1600/25 = 64 + V 128) x 2 bytes.
+    per_layer = 5 * (64 + 128) * 2
+    assert per_layer == 1920
+    # Full: layers 0, 15, 31, none shares. Sliding: the other 29 layers, in 14
+    # kv_reuse_groups; only the first layer of a group stores K/V.
+    assert sorted(set(range(32)) - {0, 15, 31}) == sorted(i for g in HYMBA_GROUPS for i in g)
+    assert (spec.full_layers, spec.swa_layers, spec.state_layers) == (3, 14, 32)
+    assert spec.full_token_bytes == 3 * per_layer == 5760
+    assert spec.swa_token_bytes == 14 * per_layer == 26880
+    # Mamba-1 in every layer (vLLM shapes): conv (d_conv-1, d_inner), ssm (d_inner, d_state).
+    d_inner = 2 * 1600
+    conv, ssm = 3 * d_inner, d_inner * 16
+    assert spec.state_bytes == 32 * (conv + ssm) * 2 == 3_891_200
+    assert parse_config(HYMBA, name="h", state_dtype="fp32_ssm").state_bytes == \
+        32 * (conv * 2 + ssm * 4) == 7_168_000
+    assert (spec.window_tokens, spec.meta_tokens, spec.kinds) == (1024, 128, ("mamba", "swa", "full"))
+    # One request of L tokens: full (L + 128), sliding (min(L, 1024) + 128) tokens, one state.
+    for tokens in (1, 1000, 1024, 8192):
+        expected = ((tokens + 128) * 5760 + (min(tokens, 1024) + 128) * 26880 + 3_891_200)
+        assert spec.request_bytes(tokens) == expected
+    assert spec.request_bytes(8192) == 82_780_160
+    # The meta tokens alone: 128 x (3 + 14) x 1920 bytes per request.
+    assert spec.request_bytes(0) - spec.state_bytes == 128 * 17 * 1920 == 4_177_920
+
+
+def test_hymba_bundled_entry_matches_the_parser():
+    spec, bundled = parse_config(HYMBA, name="h"), load_model("hymba-1.5b-base")
+    fields = ("full_layers", "swa_layers", "state_layers", "window_tokens", "full_token_bytes",
+              "swa_token_bytes", "state_bytes", "meta_tokens", "max_context_tokens")
+    assert [getattr(bundled, f) for f in fields] == [getattr(spec, f) for f in fields]
+    assert load_model("hymba-1.5b-base", state_dtype="fp32_ssm").state_bytes == 7_168_000
+    entry = _entries()["hymba-1.5b-base"]
+    assert entry["attention_layers_by_type"] == {"full": 3, "swa": 29}
+    assert "partially verified" in bundled.sources["geometry.verification"]
+
+
+def test_hymba_without_sharing_or_meta_tokens():
+    plain = parse_config(dict(HYMBA, kv_reuse_group=None, num_memory_tokens=0), name="h")
+    assert (plain.full_layers, plain.swa_layers, plain.meta_tokens) == (3, 29, 0)
+    assert plain.swa_token_bytes == 29 * 1920
+    assert plain.request_bytes(100) == 100 * (5760 + 29 * 1920) + 3_891_200
+    mixed = parse_config(dict(HYMBA, layer_type=["a"] + ["h"] * 30 + ["m"]), name="h")
+    assert (mixed.full_layers, mixed.state_layers) == (2, 31)  # layer 31 has no attention
+
+
+def test_hymba_end_float_end_layout():
+    from sim.layouts import applicable_kinds, build_layout
+
+    model = load_model("hymba-1.5b-base")
+    assert "end_float_end" in applicable_kinds(model)
+    plan = build_layout(model, kv_budget_gib=0.5, page_size=16, kind="end_float_end")
+    bands = {b.name: b for b in plan.layout.bands}
+    assert list(bands) == ["mamba", "swa", "full"]
+    assert (bands["swa"].entry_bytes, bands["swa"].blocks_per_page) == (26880, 28)
+    assert (bands["full"].entry_bytes, bands["full"].blocks_per_page) == (5760, 6)
+    assert bands["mamba"].entry_bytes == 3_891_200
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(global_attn_idx=None), "global_attn_idx"),
+    (dict(num_key_value_heads=None), "num_key_value_heads"),
+    (dict(global_attn_idx=[0, 32]), "global_attn_idx holds"),
+    (dict(layer_type=["h"] * 31), "layer_type has 31 entries"),
+    (dict(layer_type=["h"] * 31 + ["x"]), "layer_type holds 'x'"),
+    (dict(kv_reuse_group=[[14, 15]]), "kv_reuse_group"),  # sliding + full in one group
+    (dict(kv_reuse_group=[[1, 2], [2, 3]]), "kv_reuse_group"),  # layer in two groups
+    (dict(kv_reuse_group=None, kv_reuse_every_i_layer=2), "kv_reuse_every_i_layer"),
+    (dict(memory_tokens_interspersed_every=64), "memory_tokens_interspersed_every"),
+    (dict(mamba_expand=None), "state shape"),
+])
+def test_hymba_bad_config_names_the_field(change, message):
+    with pytest.raises(ValueError, match=message):
+        parse_config({k: v for k, v in dict(HYMBA, **change).items() if v is not None}, name="bad")
+
+
+def test_modelspec_meta_tokens_validation():
+    with pytest.raises(ValueError, match="meta_tokens"):
+        ModelSpec(name="x", full_layers=0, state_layers=1, state_bytes=8, meta_tokens=4)
+    with pytest.raises(ValueError, match="meta_tokens"):
+        ModelSpec(name="x", full_layers=1, full_token_bytes=8, meta_tokens=-1)

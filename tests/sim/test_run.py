@@ -5,9 +5,12 @@ import json
 import pandas as pd
 import pytest
 
+import traces
 from sim.cli import compare, replay
 from sim.config import RunConfig
-from sim.run import run, write_run
+from sim.layouts import RequestTooLargeError, build_layout, check_fits
+from sim.models import load_model
+from sim.run import load_trace, run, write_run
 
 SMALL = dict(trace="azure_conv", trace_end_s=20.0, model="gpt-oss-20b", kv_budget_gib=1.0, check_every=25)
 
@@ -109,3 +112,104 @@ def test_compare_cli_runs_the_grid(tmp_path):
     table = pd.read_csv(tmp_path / "comparison.csv")
     assert set(table["label"]) == {"static", "end_end/lazy", "end_end/eager", "oracle"}
     assert (table.loc[table["label"] == "oracle", "capacity_efficiency"] == 1.0).all()
+
+
+def _one_request(prompt: int, output: int) -> pd.DataFrame:
+    return pd.DataFrame({"arrival_s": [0.0], "prompt_tokens": [prompt], "output_tokens": [output]})
+
+
+def test_request_limit_boundary_by_hand():
+    # llama-3.1-8b: one full band, 131072 B/token, pages of 16 tokens = 2 MiB;
+    # the sink is one page. 1000 + 8 tokens = 63 pages: 64 pages = 0.125 GiB
+    # hold it; one page less cannot, and the run refuses to start.
+    df = _one_request(1000, 8)
+    cfg = RunConfig(trace="one", model="llama-3.1-8b", kv_budget_gib=0.125, check_every=1)
+    res = run(cfg, trace_df=df)
+    assert res.summary["finished"] == 1 and res.summary["retractions"] == 0 and res.violations == []
+    assert res.summary["max_request_tokens"] == 1008
+    with pytest.raises(RequestTooLargeError, match="holds at most 992 tokens.*raise kv_budget_gib"):
+        run(cfg.with_(kv_budget_gib=(64 - 1) * 2**21 / 2**30), trace_df=df)
+
+
+@pytest.mark.parametrize("layout", ["end_end", "static"])
+def test_check_fits_and_the_engine_agree_at_the_boundary(layout):
+    # A byte budget where check_fits starts to accept one gemma-3-12b request
+    # (window band + full band, chunked prefill): the engine runs it there,
+    # and a byte less stops the run before it starts. (The static split's
+    # fit is not monotone in bytes: its regions' page alignment moves.)
+    df = _one_request(20000, 200)
+    plan_at = lambda b: build_layout(load_model("gemma-3-12b"), kv_budget_gib=b / 2**30,  # noqa: E731
+                                     page_size=16, kind=layout)
+
+    def fits(b: int) -> bool:
+        try:
+            check_fits(plan_at(b), 20200, prefill_chunk_tokens=8192)
+        except ValueError:
+            return False
+        return True
+
+    lo, hi = 1 << 20, 1 << 36
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    cfg = RunConfig(trace="one", model="gemma-3-12b", layout=layout, kv_budget_gib=hi / 2**30, check_every=1)
+    res = run(cfg, trace_df=df)
+    assert res.summary["finished"] == 1 and res.summary["retractions"] == 0 and res.violations == []
+    with pytest.raises(RequestTooLargeError, match="raise kv_budget_gib"):
+        run(cfg.with_(kv_budget_gib=(hi - 1) / 2**30), trace_df=df)
+
+
+# -- trace options: one loader, seeded, CLI derived from RunConfig ---------------------------
+
+def test_length_only_trace_gets_seeded_poisson_arrivals():
+    cfg = RunConfig(trace="sharegpt_lengths", rate_rps=4.0, trace_end_s=20.0)
+    df = load_trace(cfg)
+    assert 40 <= len(df) <= 120  # ~80 expected
+    assert df["arrival_s"].is_monotonic_increasing and 0 < df["arrival_s"].max() < 20.0
+    pd.testing.assert_frame_equal(df, load_trace(cfg))
+    assert not load_trace(cfg.with_(seed=1))["arrival_s"].equals(df["arrival_s"])
+    with pytest.warns(traces.TraceWarning, match="no timestamps"):
+        assert (load_trace(cfg.with_(rate_rps=None, trace_end_s=None))["arrival_s"] == 0).all()
+
+
+def test_load_trace_spreads_clips_scales_and_caps_in_order():
+    cfg = RunConfig(trace="mooncake_conversation", spread_s=3.0, trace_start_s=3.0, trace_end_s=30.0,
+                    max_context_tokens=4096, rate_scale=2.0, max_requests=20)
+    df = load_trace(cfg)
+    assert len(df) == 20 and (df["prompt_tokens"] + df["output_tokens"]).max() <= 4096
+    assert df["arrival_s"].nunique() > 10  # the 3 s buckets are spread
+    history = " ".join(df.attrs["history"])
+    for step in ("spread_buckets", "window", "clip_to_context", "scale_rate"):
+        assert step in history
+    assert history.index("window") < history.index("clip_to_context") < history.index("scale_rate")
+
+
+def test_every_config_field_is_a_cli_flag_with_its_default(tmp_path):
+    import argparse
+    import dataclasses
+
+    from sim.cli import _add_config_options, _config
+    from sim.config import SchedulerConfig
+
+    parser = argparse.ArgumentParser()
+    _add_config_options(parser)
+    args = parser.parse_args([])
+    for cls, obj in ((RunConfig, RunConfig()), (SchedulerConfig, SchedulerConfig())):
+        for f in dataclasses.fields(cls):
+            if f.name != "scheduler":
+                assert getattr(args, f.name) == getattr(obj, f.name), f.name
+    cfg = _config(parser.parse_args(["--trace", "sharegpt_lengths", "--rate-rps", "3", "--trace-end-s",
+                                     "none", "--max-context-tokens", "8192", "--no-prefix-cache"]))
+    assert cfg.rate_rps == 3.0 and cfg.trace_end_s is None and cfg.max_context_tokens == 8192
+    assert cfg.scheduler.prefix_cache is False
+
+
+def test_replay_cli_poisson_arrivals_for_a_length_only_trace(tmp_path):
+    code = replay(["--trace", "sharegpt_lengths", "--rate-rps", "2", "--trace-end-s", "5",
+                   "--model", "gpt-oss-20b", "--kv-budget-gib", "1", "--out", str(tmp_path),
+                   "--format", "csv", "--no-oracle", "--no-figures"])
+    assert code == 0
+    requests = pd.read_csv(tmp_path / "requests.csv")
+    assert requests["arrival_s"].nunique() == len(requests) > 1
+    identity = json.loads((tmp_path / "summary.json").read_text())["identity"]
+    assert identity["trace_slice"]["rate_rps"] == 2.0 and identity["trace_slice"]["seed"] == 0
