@@ -95,7 +95,11 @@ def as_ids(values, what: str) -> np.ndarray:
     Raises:
         ValueError: naming `what`, for a non-integer dtype or a >1-D shape.
     """
+    if type(values) is np.ndarray and values.dtype == np.int64 and values.ndim == 1:
+        return values  # the hot path: the engine's own host arrays
     if isinstance(values, torch.Tensor):
+        if values.dtype == torch.int64 and values.dim() == 1 and values.device.type == "cpu":
+            return values.numpy()
         dtype = values.dtype
         if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
             raise ValueError(f"{what}: dtype {dtype} is not an integer dtype")
