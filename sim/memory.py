@@ -165,7 +165,9 @@ class Memory:
         opening = [r for r in reqs if r.seq % ps == 0]
         if opening:
             seq = torch.tensor([r.seq + 1 for r in opening], dtype=torch.int64)
-            last = torch.tensor([r.last_loc(ps) for r in opening], dtype=torch.int64)
+            # last_loc: the slot of position seq - 1 (seq >= 1: a page is full)
+            last = torch.tensor([r.pages[r.seq // ps - 1] * ps + ps - 1 if r.seq else -1
+                                 for r in opening], dtype=torch.int64)
             out = self.pool.alloc_decode(seq, last)
             if out is None:
                 return False
@@ -181,10 +183,11 @@ class Memory:
         if not self.swa:
             return 0
         reps = []
+        window, ps = self.window, self.ps
         for r in reqs:
-            out = (r.seq - self.window) // self.ps
+            out = (r.seq - window) // ps
             if out > r.swa_released:
-                reps.extend(p * self.ps for p in r.pages[r.swa_released:out])
+                reps.extend([p * ps for p in r.pages[r.swa_released:out]])
                 r.swa_released = out
         if reps:
             self.pool.release(torch.tensor(reps, dtype=torch.int64), "swa")
