@@ -14,9 +14,8 @@ from collections import deque
 from typing import Callable, Optional
 
 import simpy
-import torch
 
-from sim.memory import Memory
+from sim.memory import Memory, int64_tensor
 from sim.recorder import BAND_COLUMNS, Recorder
 from sim.request import Request
 
@@ -252,7 +251,7 @@ class Simulation:
         states = {}
         if self.mem.state_band is not None:
             states[self.mem.state_band] = [r.state for r in self.running]
-        self.pool.set_inflight_forward(event, torch.tensor(reps, dtype=torch.int64), states)
+        self.pool.set_inflight_forward(event, int64_tensor(reps), states)
 
     def _complete(self, prefill, decode) -> None:
         now = self.env.now
@@ -319,7 +318,7 @@ class Simulation:
             sum(c.moves for c in self._band_counters), moved, move_time,
             move_time / dt if dt else 0.0,
         )
-        self.recorder.step(row + tuple(b[c] for b in bands for c in BAND_COLUMNS))
+        self.recorder.step(row + tuple([b[c] for b in bands for c in BAND_COLUMNS]))
 
     def _check(self) -> None:
         problems = self.pool.verify() + self.mem.check(self.running)
