@@ -14,10 +14,9 @@ from collections import deque
 from typing import Callable, Optional
 
 import simpy
-import torch
 
-from sim.memory import Memory
-from sim.recorder import Recorder
+from sim.memory import Memory, int64_tensor
+from sim.recorder import BAND_COLUMNS, Recorder
 from sim.request import Request
 
 
@@ -65,8 +64,9 @@ class Simulation:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.recorder = Recorder(self.pool.bands)
-        self.token_entry_bytes = sum(self.pool.layout.geometry(n).band.entry_bytes
-                                     for n in self.pool.token_names)
+        self.token_entry_bytes = memory.token_entry_bytes
+        self._band_counters = tuple(self.pool.counters.bands.values())
+        self._move_time_s = getattr(step_cost, "move_time_s", lambda moved: 0.0)
         self.arrived = self.done = self.steps = 0
         self.violations: list[str] = []
         self._wake: Optional[simpy.Event] = None
@@ -111,20 +111,26 @@ class Simulation:
         # Bytes moved since the last step's accounting: moves made while
         # finishing requests after a forward are charged to the next step.
         moved0 = self._moved_mark
+        retracted0 = self._counts["retracted"]
         # Running requests first: their decode token, then their next
         # prefill chunk; new requests only take what is left.
-        decode = self._decode_batch([r for r in self.running if r.decoding and r.generated])
+        decode = self._decode_batch([r for r in self.running
+                                     if r.generated and r.prefilled == r.prefill_target])
         prefill = self._continue_prefills()
-        prefill += self._admit(self.prefill_budget - sum(c for _, c in prefill))
-        running = self._running_set()
-        decode = [r for r in decode if r in running]
+        prefill_tokens = sum(c for _, c in prefill)
+        admitted = self._admit(self.prefill_budget - prefill_tokens)
+        if admitted:
+            prefill += admitted
+            prefill_tokens += sum(c for _, c in admitted)
+        if self._counts["retracted"] != retracted0:  # some decoders may have left
+            running = set(self.running)
+            decode = [r for r in decode if r in running]
         batch = [r for r, _ in prefill] + decode
         event = self.pool.backend.new_event(f"step {self.steps}")
         self._launch(event, prefill, decode)
         self.pool.flush(urgent=False)  # opportunistic, while the forward runs
         moved = self._moved_bytes() - moved0
         self._moved_mark = moved0 + moved
-        prefill_tokens = sum(c for _, c in prefill)
         dt = self.step_cost(prefill_tokens, len(decode), self.kv_bytes(batch), moved)
         yield self.env.timeout(dt)
         event.fire()
@@ -135,13 +141,10 @@ class Simulation:
         if self.check_every and self.steps % self.check_every == 0:
             self._check()
 
-    def _running_set(self) -> set:
-        return set(self.running)
-
     def _continue_prefills(self) -> list[tuple[Request, int]]:
         out, budget = [], self.prefill_budget
-        for r in [r for r in self.running if not r.decoding]:
-            chunk = min(r.prefill_left, budget)
+        for r in [r for r in self.running if r.prefilled != r.prefill_target]:
+            chunk = min(r.prefill_target - r.prefilled, budget)
             if chunk <= 0:
                 break
             if r not in self.running:  # retracted while making room for an earlier one
@@ -153,20 +156,28 @@ class Simulation:
 
     def _admit(self, budget: int) -> list[tuple[Request, int]]:
         out = []
+        if not self.waiting:
+            return out
         now = self.env.now
+        left = None  # tokens the running requests have yet to produce (see _reserve_holds)
         while self.waiting and len(self.running) < self.max_running and budget > 0:
             r = self.waiting[0]
             if not self.mem.admit(r, now):
                 break
             chunk = min(r.prefill_left, budget)
+            if left is None and self.reserve_ratio > 0:
+                left = sum([x.output_tokens - x.generated + x.prefill_target - x.prefilled
+                            for x in self.running])
             # Ask, then act: the reserve is checked before the chunk is
             # allocated (an allocation undone costs as much as one kept).
-            if not self._reserve_holds(r, chunk) or \
+            if not self._reserve_holds(r, chunk, left) or \
                     not self._with_eviction(lambda: self.mem.extend(r, chunk)):
                 self._undo_admission(r)
                 break
             self.waiting.popleft()
             self.running.append(r)
+            if left is not None:
+                left += _tokens_left(r)
             if r.admitted_s is None:
                 r.admitted_s = now
                 self._counts["admitted"] += 1
@@ -174,17 +185,16 @@ class Simulation:
             budget -= chunk
         return out
 
-    def _reserve_holds(self, new: Request, chunk: int) -> bool:
+    def _reserve_holds(self, new: Request, chunk: int, running_left: Optional[int]) -> bool:
         """SGLang's admission guard: once `new`'s first `chunk` is allocated,
         room must remain for `reserve_ratio` of the tokens the running
-        requests (and `new`) have yet to decode. Room is the free pool room
-        plus what evicting unlocked cached blocks would free (SGLang counts
-        evictable cached tokens as available), less the chunk's new pages."""
+        requests (`running_left`) and `new` have yet to produce. Room is the
+        free pool room plus what evicting unlocked cached blocks would free
+        (SGLang counts evictable cached tokens as available), less the
+        chunk's new pages."""
         if self.reserve_ratio <= 0 or not self.running:
             return True
-        left = sum(r.output_tokens - r.generated + r.prefill_left for r in self.running)
-        left += new.output_tokens - new.generated + new.prefill_left
-        need = self.reserve_ratio * left
+        need = self.reserve_ratio * (running_left + _tokens_left(new))
         ps = self.ps
         chunk_slots = (-(-(new.seq + chunk) // ps) - len(new.pages)) * ps
         room = self.pool.available_size(schedulable=True) + self.mem.evictable_tokens() - chunk_slots
@@ -232,25 +242,28 @@ class Simulation:
 
     def _launch(self, event, prefill, decode) -> None:
         """Declare the forward: its event, the pages it writes, the states."""
-        reps = [r.last_loc(self.ps) for r in decode]
+        ps = self.ps
+        # last_loc of each decoder (seq >= 1): the slot of position seq - 1
+        reps = [r.pages[(r.seq - 1) // ps] * ps + (r.seq - 1) % ps for r in decode]
         for r, chunk in prefill:
-            first, last = (r.seq - chunk) // self.ps, (r.seq - 1) // self.ps
-            reps.extend(p * self.ps for p in r.pages[first: last + 1])
+            first, last = (r.seq - chunk) // ps, (r.seq - 1) // ps
+            reps.extend(p * ps for p in r.pages[first: last + 1])
         states = {}
         if self.mem.state_band is not None:
             states[self.mem.state_band] = [r.state for r in self.running]
-        self.pool.set_inflight_forward(event, torch.tensor(reps, dtype=torch.int64), states)
+        self.pool.set_inflight_forward(event, int64_tensor(reps), states)
 
     def _complete(self, prefill, decode) -> None:
         now = self.env.now
         for r, chunk in prefill:
             r.prefilled += chunk
-            if r.decoding and r.generated == 0:
+            if r.prefilled == r.prefill_target and r.generated == 0:
                 r.generated = 1
                 r.first_token_s = now
         for r in decode:
             r.generated += 1
-        finished = [r for r in self.running if r.decoding and r.generated >= r.output_tokens]
+        finished = [r for r in self.running
+                    if r.generated >= r.output_tokens and r.prefilled == r.prefill_target]
         for r in finished:
             self.running.remove(r)
             self.mem.finish(r, now)
@@ -268,7 +281,7 @@ class Simulation:
     # -- observation --
 
     def _moved_bytes(self) -> int:
-        return sum(c.moved_bytes for c in self.pool.counters.bands.values())
+        return sum(c.moved_bytes for c in self._band_counters)
 
     def _pool_view(self) -> tuple[dict, int]:
         """Occupancy and available tokens, recomputed only after a change."""
@@ -278,38 +291,41 @@ class Simulation:
         return self._view[1], self._view[2]
 
     def _record(self, dt: float, prefill_tokens: int, decode_tokens: int, moved: int) -> None:
+        """One step row, in `Recorder.columns` order (STEP_COLUMNS, then the bands')."""
         occ, avail = self._pool_view()
-        bands = occ["bands"]
-        live = sum(b["live_bytes"] for b in bands.values())
-        holes = sum(b["hole_bytes"] for b in bands.values())
-        occupied = sum(b["occupied_bytes"] for b in bands.values())
+        bands = [occ["bands"][name] for name in self.recorder.band_names]
+        live = holes = pending = occupied = 0
+        for b in bands:
+            live += b["live_bytes"]
+            holes += b["hole_bytes"]
+            pending += b["pending_bytes"]
+            occupied += b["occupied_bytes"]
         free = occ["free_bytes"]
         usable = avail * self.token_entry_bytes
-        slots = sum(len(r.pages) for r in self.running) * self.ps
-        slack = slots - sum(r.seq for r in self.running)
-        move_time = self.step_cost.move_time_s(moved) if hasattr(self.step_cost, "move_time_s") else 0.0
-        row = dict(
-            step=self.steps, t_s=self.env.now, step_time_s=dt, running=len(self.running),
-            waiting=len(self.waiting), prefill_tokens=prefill_tokens, decode_tokens=decode_tokens,
-            admitted=self._counts["admitted"], finished=self._counts["finished"],
-            retracted=self._counts["retracted"], rejected=self._counts["rejected"],
-            evicted_nodes=self.mem.evictions,
-            cache_pages=self.mem.cache.pages if self.mem.cache else 0,
-            available_tokens=avail, free_bytes=free, gap_bytes=occ["gap_bytes"], live_bytes=live,
-            hole_bytes=holes, pending_bytes=sum(b["pending_bytes"] for b in bands.values()),
-            occupied_bytes=occupied, hole_ratio=holes / occupied if occupied else 0.0,
-            unusable_free_ratio=0.0 if self.is_oracle or free <= 0 else max(0.0, 1 - usable / free),
-            slack_tokens=slack, allocated_token_slots=slots,
-            page_slack_ratio=slack / slots if slots else 0.0,
-            moves=sum(c.moves for c in self.pool.counters.bands.values()), moved_bytes=moved,
-            move_time_s=move_time, compaction_overhead=move_time / dt if dt else 0.0,
+        running = self.running
+        slots = sum([len(r.pages) for r in running]) * self.ps
+        slack = slots - sum([r.seq for r in running])
+        move_time = self._move_time_s(moved)
+        counts = self._counts
+        row = (
+            self.steps, self.env.now, dt, len(running), len(self.waiting), prefill_tokens,
+            decode_tokens, counts["admitted"], counts["finished"], counts["retracted"],
+            counts["rejected"], self.mem.evictions, self.mem.cache.pages if self.mem.cache else 0,
+            avail, free, occ["gap_bytes"], live, holes, pending, occupied,
+            holes / occupied if occupied else 0.0,
+            0.0 if self.is_oracle or free <= 0 else max(0.0, 1 - usable / free),
+            slack, slots, slack / slots if slots else 0.0,
+            sum(c.moves for c in self._band_counters), moved, move_time,
+            move_time / dt if dt else 0.0,
         )
-        for name, b in bands.items():
-            for c in ("live_bytes", "hole_bytes", "pending_bytes", "occupied_bytes", "low_byte", "high_byte"):
-                row[f"{name}_{c}"] = b[c]
-        self.recorder.step(row)
+        self.recorder.step(row + tuple([b[c] for b in bands for c in BAND_COLUMNS]))
 
     def _check(self) -> None:
         problems = self.pool.verify() + self.mem.check(self.running)
         if problems:
             self.violations.extend(f"step {self.steps}: {p}" for p in problems)
+
+
+def _tokens_left(r: Request) -> int:
+    """Tokens a request has yet to produce: its output left and its prefill left."""
+    return r.output_tokens - r.generated + r.prefill_target - r.prefilled

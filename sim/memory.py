@@ -9,12 +9,21 @@ exactly the pool's live pages.
 
 from __future__ import annotations
 
+from array import array
 from typing import Callable, Optional
 
 import torch
 
 from sim.prefix_cache import Node, PrefixCache
 from sim.request import Request
+
+
+def int64_tensor(values: list[int]) -> torch.Tensor:
+    """A 1-D int64 tensor of `values` (a third of `torch.tensor`'s cost on
+    short lists: the engine builds several per step)."""
+    if not values:
+        return torch.empty(0, dtype=torch.int64)
+    return torch.frombuffer(array("q", values), dtype=torch.int64)
 
 
 class Memory:
@@ -44,7 +53,8 @@ class Memory:
     # -- ids --
 
     def _reps(self, pages) -> torch.Tensor:
-        return torch.tensor(pages, dtype=torch.int64) * self.ps
+        ps = self.ps
+        return int64_tensor([p * ps for p in pages])
 
     def _free_pages(self, pages: list[int]) -> None:
         if pages:
@@ -164,8 +174,10 @@ class Memory:
         ps = self.ps
         opening = [r for r in reqs if r.seq % ps == 0]
         if opening:
-            seq = torch.tensor([r.seq + 1 for r in opening], dtype=torch.int64)
-            last = torch.tensor([r.last_loc(ps) for r in opening], dtype=torch.int64)
+            seq = int64_tensor([r.seq + 1 for r in opening])
+            # last_loc: the slot of position seq - 1 (seq >= 1: a page is full)
+            last = int64_tensor([r.pages[r.seq // ps - 1] * ps + ps - 1 if r.seq else -1
+                                 for r in opening])
             out = self.pool.alloc_decode(seq, last)
             if out is None:
                 return False
@@ -181,13 +193,14 @@ class Memory:
         if not self.swa:
             return 0
         reps = []
+        window, ps = self.window, self.ps
         for r in reqs:
-            out = (r.seq - self.window) // self.ps
+            out = (r.seq - window) // ps
             if out > r.swa_released:
-                reps.extend(p * self.ps for p in r.pages[r.swa_released:out])
+                reps.extend([p * ps for p in r.pages[r.swa_released:out]])
                 r.swa_released = out
         if reps:
-            self.pool.release(torch.tensor(reps, dtype=torch.int64), "swa")
+            self.pool.release(int64_tensor(reps), "swa")
         return len(reps)
 
     # -- release --

@@ -25,14 +25,17 @@ class Recorder:
     """Collects one row per engine step and one per request."""
 
     def __init__(self, band_names) -> None:
-        self.band_columns = tuple(f"{b}_{c}" for b in band_names for c in BAND_COLUMNS)
+        self.band_names = tuple(band_names)
+        self.band_columns = tuple(f"{b}_{c}" for b in self.band_names for c in BAND_COLUMNS)
         self.columns = STEP_COLUMNS + self.band_columns
-        self._steps: dict[str, list] = {c: [] for c in self.columns}
+        self._steps: list[tuple] = []
         self._requests: list[tuple] = []
 
-    def step(self, row: dict) -> None:
-        for c in self.columns:
-            self._steps[c].append(row[c])
+    def step(self, row: tuple) -> None:
+        """One step's values, in `columns` order."""
+        if len(row) != len(self.columns):
+            raise ValueError(f"step row of {len(row)} values; expected {len(self.columns)} columns")
+        self._steps.append(row)
 
     def request(self, req) -> None:
         queue = None if req.admitted_s is None else req.admitted_s - req.arrival_s
@@ -47,7 +50,7 @@ class Recorder:
         ))
 
     def steps_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self._steps, columns=list(self.columns))
+        return pd.DataFrame.from_records(self._steps, columns=list(self.columns))
 
     def requests_frame(self) -> pd.DataFrame:
         df = pd.DataFrame(self._requests, columns=list(REQUEST_COLUMNS))

@@ -119,7 +119,7 @@ def _kv_reader(model, page_size: int) -> Callable[[list[Request]], int]:
         seqs = [r.seq for r in batch]
         total = full * sum(seqs) + state * len(batch)
         if swa:
-            total += swa * sum(min(s, window) for s in seqs)
+            total += swa * sum([s if s < window else window for s in seqs])
         return total
 
     return kv_bytes

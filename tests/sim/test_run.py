@@ -213,3 +213,18 @@ def test_replay_cli_poisson_arrivals_for_a_length_only_trace(tmp_path):
     assert requests["arrival_s"].nunique() == len(requests) > 1
     identity = json.loads((tmp_path / "summary.json").read_text())["identity"]
     assert identity["trace_slice"]["rate_rps"] == 2.0 and identity["trace_slice"]["seed"] == 0
+
+
+def test_step_columns_are_consistent():
+    """The engine writes step rows as tuples in column order: the chain-wide
+    columns must equal the sums of the per-band ones, step by step."""
+    res = run(RunConfig(**SMALL))
+    steps = res.steps
+    bands = [c[: -len("_live_bytes")] for c in steps.columns if c.endswith("_live_bytes") and c != "live_bytes"]
+    assert bands == ["swa", "full"]
+    for c in ("live_bytes", "hole_bytes", "pending_bytes", "occupied_bytes"):
+        assert (steps[c] == sum(steps[f"{b}_{c}"] for b in bands)).all(), c
+    assert steps["step"].tolist() == list(range(1, len(steps) + 1))
+    assert (steps["allocated_token_slots"] - steps["slack_tokens"] >= 0).all()
+    assert (steps["prefill_tokens"] <= 8192).all() and steps["t_s"].is_monotonic_increasing
+    assert steps["finished"].iloc[-1] == res.summary["finished"]
