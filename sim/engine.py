@@ -162,16 +162,19 @@ class Simulation:
         left = None  # tokens the running requests have yet to produce (see _reserve_holds)
         while self.waiting and len(self.running) < self.max_running and budget > 0:
             r = self.waiting[0]
-            if not self.mem.admit(r, now):
-                break
+            self.mem.take_hit(r, now)
             chunk = min(r.prefill_left, budget)
             if left is None and self.reserve_ratio > 0:
                 left = sum([x.output_tokens - x.generated + x.prefill_target - x.prefilled
                             for x in self.running])
-            # Ask, then act: the reserve is checked before the chunk is
-            # allocated (an allocation undone costs as much as one kept).
-            if not self._reserve_holds(r, chunk, left) or \
-                    not self._with_eviction(lambda: self.mem.extend(r, chunk)):
+            # Ask, then act: the reserve is checked before the state slot and
+            # the chunk are allocated (an allocation undone costs as much as
+            # one kept, and its holes cost flushes). A state slot only takes
+            # room from the tokens: check again once it is held.
+            ok = self._reserve_holds(r, chunk, left)
+            if ok and self.mem.state_band is not None:
+                ok = self.mem.take_state(r) and self._reserve_holds(r, chunk, left)
+            if not ok or not self._with_eviction(lambda: self.mem.extend(r, chunk)):
                 self._undo_admission(r)
                 break
             self.waiting.popleft()

@@ -125,25 +125,28 @@ class Memory:
             return True
         return bool((self.pool.translate(self._reps(pages), "swa") > 0).all())
 
-    def admit(self, req: Request, now: float) -> bool:
-        """Take the request's cache hit and its state slot; False (nothing
-        held) when the state slot cannot be had even after eviction."""
+    def take_hit(self, req: Request, now: float) -> None:
+        """Start an admission: lock the request's cache hit and resume after
+        it (no pool call). `retract` undoes it."""
         path = self.usable_hit(req)
         if self.cache is not None:
             self.cache.lock(path, now)
-        if self.state_band is not None:
-            slot = self.with_eviction(lambda: self.pool.alloc_state(self.state_band, 1))
-            if slot is None:
-                if self.cache is not None:
-                    self.cache.unlock(path, now)
-                return False
-            req.state = int(slot[0])
         req.nodes = path
         req.pages = [p for node in path for p in node.pages]
         req.shared_pages = req.swa_released = len(req.pages)
         hit = len(path) * self.cache.block_tokens if path else 0
         req.seq = req.prefilled = req.hit_tokens = hit
         req.prefill_target = req.context_tokens
+
+    def take_state(self, req: Request) -> bool:
+        """The request's state slot (evicting cached blocks if needed); True
+        without a state band, False (nothing taken) when none can be had."""
+        if self.state_band is None:
+            return True
+        slot = self.with_eviction(lambda: self.pool.alloc_state(self.state_band, 1))
+        if slot is None:
+            return False
+        req.state = int(slot[0])
         return True
 
     # -- allocation --
