@@ -26,8 +26,11 @@ def fits_alone(plan, tokens: int, *, prefill_chunk_tokens: Optional[int] = None,
     """
     model = plan.model
     pool = plan.make_pool(SimBackend(), compaction)
-    mem = Memory(pool, window_tokens=model.window_tokens if model.swa_layers else None,
-                 block_tokens=None)
+    try:
+        mem = Memory(pool, window_tokens=model.window_tokens if model.swa_layers else None,
+                     block_tokens=None, meta_tokens=model.meta_tokens)
+    except ValueError:  # not even the shared meta tokens fit
+        return False
     if mem.state_band is not None and pool.alloc_state(mem.state_band, 1) is None:
         return False
     req = Request(0, 0.0, tokens, 1)

@@ -33,9 +33,17 @@ class Memory:
         pool: a UnifiedPool / StaticPartitionPool / OraclePool.
         window_tokens: the sliding window (None: no window band).
         block_tokens: prefix-cache block size (None: no prefix cache).
+        meta_tokens: learned tokens the model prepends to every request
+            (Hymba). Their KV is the same for every request, so one shared
+            copy is allocated here, page-rounded on every token band, and
+            held for the whole run (the window never evicts it); requests
+            then hold only their own tokens.
+    Raises:
+        ValueError: the pool cannot hold the meta tokens.
     """
 
-    def __init__(self, pool, *, window_tokens: Optional[int], block_tokens: Optional[int]) -> None:
+    def __init__(self, pool, *, window_tokens: Optional[int], block_tokens: Optional[int],
+                 meta_tokens: int = 0) -> None:
         self.pool = pool
         self.ps = pool.page_size
         self.window = window_tokens
@@ -49,6 +57,12 @@ class Memory:
         # Bytes per token of each token band, and of a coupled token alloc.
         self.token_bytes = {n: pool.layout.geometry(n).band.entry_bytes for n in pool.token_names}
         self.token_entry_bytes = sum(self.token_bytes.values())
+        self.meta_pages: list[int] = []
+        if meta_tokens:
+            ids = pool.alloc(-(-meta_tokens // self.ps) * self.ps)
+            if ids is None:
+                raise ValueError(f"the pool cannot hold the model's {meta_tokens} meta tokens")
+            self.meta_pages = sorted({t // self.ps for t in ids.tolist()})
 
     # -- ids --
 
@@ -272,7 +286,7 @@ class Memory:
     def check(self, running: list[Request]) -> list[str]:
         """The pages requests and the cache hold equal the pool's live pages."""
         out = []
-        held = [p for r in running for p in r.pages[r.shared_pages:]]
+        held = [p for r in running for p in r.pages[r.shared_pages:]] + self.meta_pages
         states = [r.state for r in running if r.state is not None]
         if self.cache is not None:
             for node in self.cache.walk():

@@ -114,10 +114,11 @@ class EngineStepCost:
 def _kv_reader(model, page_size: int) -> Callable[[list[Request]], int]:
     full, swa, state = model.full_token_bytes, model.swa_token_bytes, model.state_bytes
     window = model.window_tokens or 0
+    meta = model.meta_tokens * (full + swa)  # every request's attention reads the shared meta KV
 
     def kv_bytes(batch: list[Request]) -> int:
         seqs = [r.seq for r in batch]
-        total = full * sum(seqs) + state * len(batch)
+        total = full * sum(seqs) + (state + meta) * len(batch)
         if swa:
             total += swa * sum([s if s < window else window for s in seqs])
         return total
@@ -158,7 +159,7 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     block = config.scheduler.block_tokens or df.attrs.get("block_tokens")
     use_cache = config.scheduler.prefix_cache and block and "prefix_hashes" in df.columns
     memory = Memory(pool, window_tokens=model.window_tokens if model.swa_layers else None,
-                    block_tokens=int(block) if use_cache else None)
+                    block_tokens=int(block) if use_cache else None, meta_tokens=model.meta_tokens)
     hw = hw or cost_model.HardwareSpec.from_results(Path(__file__).resolve().parents[1] / "results" / "kernels")
     sim = Simulation(
         reqs, memory, step_cost=EngineStepCost(model, hw), kv_bytes=_kv_reader(model, config.page_size),

@@ -228,3 +228,31 @@ def test_step_columns_are_consistent():
     assert (steps["allocated_token_slots"] - steps["slack_tokens"] >= 0).all()
     assert (steps["prefill_tokens"] <= 8192).all() and steps["t_s"].is_monotonic_increasing
     assert steps["finished"].iloc[-1] == res.summary["finished"]
+
+
+@pytest.mark.parametrize("layout", ["static", "end_float_end", "oracle"])
+def test_a_three_kind_model_runs_on_every_layout_it_has(layout):
+    """Hymba (full + swa + mamba): the end/float/end layout and its baselines
+    replay a real slice with every page accounted for at every check."""
+    res = run(RunConfig(trace="azure_conv", trace_end_s=15.0, model="hymba-1.5b-base", kv_budget_gib=0.5,
+                        layout=layout, check_every=10))
+    assert res.violations == []
+    assert res.summary["finished"] == res.summary["arrived"] > 5
+
+
+def test_meta_tokens_are_one_shared_copy_held_for_the_run():
+    """128 meta tokens at page size 16: 8 pages on every token band, once."""
+    from sim.memory import Memory
+    from unikv.backends import SimBackend
+
+    model = load_model("hymba-1.5b-base")
+    plan = build_layout(model, kv_budget_gib=0.25, page_size=16, kind="end_float_end")
+    pool = plan.make_pool(SimBackend(), "lazy")
+    before = pool.available_size()
+    mem = Memory(pool, window_tokens=model.window_tokens, block_tokens=None, meta_tokens=model.meta_tokens)
+    assert len(mem.meta_pages) == 128 // 16 and pool.live_ids().tolist() == mem.meta_pages
+    assert before - pool.available_size() >= 128
+    assert mem.check([]) == []
+    with pytest.raises(ValueError, match="cannot hold the model's 100000 meta tokens"):
+        Memory(plan.make_pool(SimBackend(), "lazy"), window_tokens=model.window_tokens,
+               block_tokens=None, meta_tokens=100_000)
