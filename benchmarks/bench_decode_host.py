@@ -82,7 +82,9 @@ def unikv_step(e: dict, step: int, finish_every: int) -> None:
         pool.free_state("mamba", e["states"][r:r + 1])
     clock.lap("finish")
     seq = lens[rows] + 1
-    new = pool.alloc_decode(seq, table[rows, seq - 2])
+    last = table[rows, seq - 2]
+    clock.lap("decode_args")  # the engine's own bookkeeping: seq_lens and last_loc
+    new = pool.alloc_decode(seq, last)
     clock.lap("alloc_decode")
     table[rows, seq - 1] = new.numpy()
     lens[rows] = seq
@@ -220,12 +222,17 @@ def count_syncs(step, e, steps: int, finish_every: int, first: int) -> collectio
     def hook(message, category, filename, lineno, file=None, line=None):
         if "synchroniz" not in str(message):
             return
-        frames = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(REPO)]
+        stack = [f for f in traceback.extract_stack()[:-1] if "warnings" not in f.filename]
+        if stack and stack[-1].name == "set_sync_debug_mode":
+            return  # the mode switch's own notice, not a sync
+        frames = [f for f in stack if f.filename.startswith(REPO)]
         inner = frames[-1] if frames else None
         outer = next((f for f in frames if "/unikv/" in f.filename), None)
         key = "?" if inner is None else f"{os.path.relpath(inner.filename, REPO)}:{inner.lineno} {inner.name}"
         via = "" if outer is None else f" (via {outer.name})"
-        sites[key + via] += 1
+        lib = stack[-1] if stack and not stack[-1].filename.startswith(REPO) else None
+        at = "" if lib is None else f" [in {os.path.basename(lib.filename)}:{lib.lineno} {lib.name}]"
+        sites[key + via + at] += 1
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")

@@ -28,6 +28,21 @@ class PagedRequest:
     opens: Optional[np.ndarray] = None  # decode: the requests that open a page
 
 
+def page_of(ids: np.ndarray, page_size: int) -> np.ndarray:
+    """`ids // page_size`, as a shift when the page size is a power of two
+    (integer division is several times slower per element)."""
+    if page_size & (page_size - 1) == 0:
+        return ids >> (page_size.bit_length() - 1)
+    return ids // page_size
+
+
+def slot_of(ids: np.ndarray, page_size: int) -> np.ndarray:
+    """`ids % page_size` (a mask for a power-of-two page size)."""
+    if page_size & (page_size - 1) == 0:
+        return ids & (page_size - 1)
+    return ids % page_size
+
+
 def extend_request(pool, prefix_lens, seq_lens, last_loc, extend_num_tokens=None) -> PagedRequest:
     """Checked arguments of `alloc_extend`. Raises ValueError naming the
     argument (shapes, negative or shrinking lengths, a wrong token total, a
@@ -62,33 +77,31 @@ def decode_request(pool, seq_lens, last_loc) -> PagedRequest:
     if len(seq) and seq.min() < 1:
         raise ValueError(f"alloc_decode: seq_lens {few(seq[seq < 1])} must be >= 1")
     prefix = seq - 1
-    opens = prefix % pool.page_size == 0
+    opens = slot_of(prefix, pool.page_size) == 0
     pages = int(np.count_nonzero(opens))
     if pages < len(seq):
-        _check_last_loc(pool, prefix, last, "alloc_decode", ~opens)
+        _check_last_loc(pool, prefix, last, "alloc_decode", ~opens, len(seq) - pages)
     return PagedRequest(prefix, seq, last, pages, len(seq), opens)
 
 
 def _check_last_loc(pool, prefix: np.ndarray, last: np.ndarray, op: str,
-                    tail: Optional[np.ndarray] = None) -> None:
-    """Where a prefix ends inside a page (`tail`, computed when not given),
-    its `last_loc` must be a live id at the prefix's last position of that
-    page."""
+                    tail: Optional[np.ndarray] = None, n_tail: Optional[int] = None) -> None:
+    """Where a prefix ends inside a page (`tail`, and how many: `n_tail`;
+    computed when not given), its `last_loc` must be a live id at the
+    prefix's last position of that page."""
     ps = pool.page_size
-    if len(prefix) == 0:
-        return
     if tail is None:
-        tail = prefix % ps != 0
-    if not tail.all():
-        if not tail.any():
-            return
+        tail = slot_of(prefix, ps) != 0
+        n_tail = int(np.count_nonzero(tail))
+    if n_tail == 0:
+        return
+    if n_tail < len(prefix):
         prefix, last = prefix[tail], last[tail]
     high = pool.vids.size * ps
     if last.min() >= 0 and last.max() < high:
-        # last sits at position prefix - 1 of its page <=> (last - prefix + 1) % ps == 0
-        placed = (last - prefix + 1) % ps == 0
-        if placed.all() and pool.vids.binds[last // ps].all():
-            return  # the common case in a few vector ops; below, name the offenders
+        # last sits at position prefix - 1 of its page <=> (last + 1) % ps == prefix % ps
+        if (slot_of(last + 1, ps) == slot_of(prefix, ps)).all() and pool.vids.binds[page_of(last, ps)].all():
+            return  # the common case in a few vector passes; below, name the offenders
     inside = (last >= 0) & (last < high)
     if not inside.all():
         raise ValueError(f"{op}: last_loc ids {few(last[~inside])} are outside [0, {high})")
@@ -143,7 +156,7 @@ def page_representatives(ids: np.ndarray, start_pos: int, page_size: int) -> np.
 def translate(ids: np.ndarray, v2p: np.ndarray, page_size: int, multiplier: int = 1) -> np.ndarray:
     """Host twin of `unikv.kernels.reference.translate`: virtual ids ->
     physical slot ids (or kernel-facing ids); tombstones -> 0, the sink."""
-    pages = ids // page_size
+    pages = page_of(ids, page_size)
     phys = v2p[pages]
     out = phys * (page_size * multiplier) + (ids - pages * page_size)
     out[phys < 0] = 0

@@ -244,7 +244,7 @@ class UnifiedPool:
         """The distinct virtual pages of token `ids`, all allocated."""
         t = as_ids(ids, f"{op}: ids")
         check_range(t, 0, self.vids.size * self.page_size, f"{op}: token ids")
-        pages = np.unique(t // self.page_size) if self.page_size > 1 or len(t) > 1 else t
+        pages = np.unique(paged.page_of(t, self.page_size)) if self.page_size > 1 or len(t) > 1 else t
         if allow_sink and len(pages) and pages[0] == 0:
             pages = pages[1:]
         dead = pages[self.vids.binds[pages] <= 0]

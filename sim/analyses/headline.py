@@ -29,9 +29,11 @@ lengths get Poisson arrivals."""
 
 
 HEADLINE_MODELS = {"gemma-3-12b": 1.0, "gpt-oss-20b": 3.0, "nemotron-3-nano-30b-a3b": 1.5,
-                   "llama-3.1-8b": 1.0}
+                   "llama-3.1-8b": 1.0, "hymba-1.5b-base": 3.0}
 """Model -> extra rate multiplier, so that each model's unconstrained run holds
-tens of requests (gpt-oss and Nemotron need far less KV per request)."""
+tens of requests (gpt-oss, Nemotron and Hymba need far less KV per request).
+Hymba is the one model with all three band kinds (its unified layout is
+end/float/end)."""
 
 
 SMALL_WINDOW_S = 6.0
