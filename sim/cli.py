@@ -177,6 +177,9 @@ def compare(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="unikv compare",
                                      description="replay one trace against a grid of layouts x compaction modes")
     _add_config_options(parser, skip=("layout", "compaction"))
+    parser.add_argument("--models", nargs="+", default=None,
+                        help="several models on the same trace, one table (overrides --model); each runs the "
+                             "layouts applicable to it, so a 2-kind and a 3-kind model show all four layouts")
     parser.add_argument("--layouts", nargs="+", default=None, help=f"default: those applicable of {LAYOUTS}")
     parser.add_argument("--compactions", nargs="+", default=list(COMPACTIONS), choices=COMPACTIONS)
     parser.add_argument("--static-ratios", nargs="*", type=float, default=[],
@@ -184,32 +187,39 @@ def compare(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/compare"))
     parser.add_argument("--format", choices=("parquet", "csv"), default="parquet")
     args = parser.parse_args(argv)
+    tables = []
     try:
         base = _config(args, layout="oracle")
-        layouts = args.layouts or list(applicable_kinds(load_model(base.model)))
-        bad = [x for x in layouts if x not in LAYOUTS]
-        if bad:
-            raise ValueError(f"unknown layouts {bad}; valid layouts are {list(LAYOUTS)}")
-        if "oracle" not in layouts:
-            layouts.append("oracle")
-        ratios = [None] + list(args.static_ratios)
-        results = {}
-        for label, cfg in grid(base, layouts, args.compactions, ratios):
-            results[label] = run(cfg, progress=Progress(label))
-            write_run(results[label], args.out / label.replace("/", "_").replace("@", "_"), args.format)
+        models = args.models or [base.model]
+        for model in models:
+            cfg = base.with_(model=model)
+            layouts = list(args.layouts or applicable_kinds(load_model(model)))
+            bad = [x for x in layouts if x not in LAYOUTS]
+            if bad:
+                raise ValueError(f"unknown layouts {bad}; valid layouts are {list(LAYOUTS)}")
+            if "oracle" not in layouts:
+                layouts.append("oracle")
+            results = {}
+            for label, c in grid(cfg, layouts, args.compactions, [None] + list(args.static_ratios)):
+                results[label] = run(c, progress=Progress(label if len(models) == 1 else f"{model} {label}"))
+                sub = args.out if len(models) == 1 else args.out / model
+                write_run(results[label], sub / label.replace("/", "_").replace("@", "_"), args.format)
+            tables.append((model, comparison_table(results), any(r.violations for r in results.values())))
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    table = comparison_table(results)
+    table = pd.concat([t.assign(model=m) for m, t, _ in tables], ignore_index=True)
+    table = table[["model"] + [c for c in table.columns if c != "model"]]
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "comparison.csv", index=False)
     (args.out / "comparison.md").write_text(table.to_markdown(index=False, floatfmt=".4g")
                                             if _has_tabulate() else table.to_string(index=False))
-    comparison(table, args.out / "comparison.png", f"{base.model} | {Path(str(base.trace)).name}")
+    comparison(table, args.out / "comparison.png", f"{', '.join(m for m, _, _ in tables)} | "
+                                                   f"{Path(str(base.trace)).name}")
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(table.to_string(index=False))
     print(f"\nwritten: {args.out / 'comparison.csv'}, comparison.md, comparison.png")
-    return 1 if any(r.violations for r in results.values()) else 0
+    return 1 if any(bad for _, _, bad in tables) else 0
 
 
 COMPARE_COLUMNS = ["label", "layout", "compaction", "capacity_efficiency", "throughput_efficiency",

@@ -105,7 +105,8 @@ def run_figures(run_dir: Path) -> list[Path]:
 
 def comparison(table: pd.DataFrame, path: Path, title: str) -> Path:
     """Bars per (layout, compaction): capacity efficiency, throughput, TTFT."""
-    labels = [f"{r.layout}\n{r.compaction}" for r in table.itertuples()]
+    several = "model" in table and table["model"].nunique() > 1
+    labels = [(f"{r.model}\n" if several else "") + f"{r.layout}\n{r.compaction}" for r in table.itertuples()]
     metrics = [("capacity_efficiency", "capacity vs oracle"), ("throughput_tok_s", "output tok/s"),
                ("ttft_p90_s", "TTFT p90 (s)"), ("retractions", "retractions")]
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 4))

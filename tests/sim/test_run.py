@@ -114,6 +114,20 @@ def test_compare_cli_runs_the_grid(tmp_path):
     assert (table.loc[table["label"] == "oracle", "capacity_efficiency"] == 1.0).all()
 
 
+def test_compare_shows_the_four_layouts_side_by_side(tmp_path):
+    """A 2-kind and a 3-kind model on one real trace: static, end_end,
+    end_float_end and the oracle in one table, each scored against its own
+    model's oracle."""
+    code = compare(["--trace-end-s", "8", "--models", "gpt-oss-20b", "hymba-1.5b-base", "--kv-budget-gib", "1",
+                    "--out", str(tmp_path), "--format", "csv", "--compactions", "lazy"])
+    assert code == 0
+    table = pd.read_csv(tmp_path / "comparison.csv")
+    assert set(table["layout"]) == {"static", "end_end", "end_float_end", "oracle"}
+    assert set(table.loc[table["layout"] == "end_float_end", "model"]) == {"hymba-1.5b-base"}
+    assert (table.loc[table["layout"] == "oracle", "capacity_efficiency"] == 1.0).all()
+    assert (tmp_path / "hymba-1.5b-base" / "end_float_end_lazy").is_dir()
+
+
 def _one_request(prompt: int, output: int) -> pd.DataFrame:
     return pd.DataFrame({"arrival_s": [0.0], "prompt_tokens": [prompt], "output_tokens": [output]})
 
