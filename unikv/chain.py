@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from unikv.extent import (
     Extent, Kind, after_urgent_flush, chain_gap_bytes, extension_room, joint_pages, take_all,
@@ -25,6 +25,9 @@ class Chain:
         self.bands: list = []
         self._memo: dict[tuple, tuple[int, int]] = {}
         self._extents: Optional[tuple[int, list[Extent]]] = None  # (epoch, extents)
+        # The ladder-aware joint capacity (policy.ladder_joint_pages), set by
+        # the pool: policy sits above the chain, so the chain only calls it.
+        self.ladder_pages: Optional[Callable[[Sequence[int]], int]] = None
 
     def extents(self, schedulable: bool = False) -> list[Extent]:
         """Every band's extent; `schedulable` pretends lazy END bands were
@@ -49,6 +52,14 @@ class Chain:
         hint = self._memo.get(key, (None, 0))[1]
         return self._memoised(
             key, lambda: joint_pages(self.extents(schedulable), order, self.total_bytes, hint))
+
+    def schedulable_joint_pages(self, order: Sequence[int]) -> int:
+        """Pages a coupled take on `order` gets through the shortfall ladder
+        (urgent END flushes, then the float slide it would plan); without a
+        ladder hook, the urgent-flush view alone."""
+        if self.ladder_pages is None:
+            return self.joint_pages(order, schedulable=True)
+        return self._memoised(("ladder", tuple(order), True), lambda: self.ladder_pages(order))
 
     def fits_joint(self, order: Sequence[int], pages: int) -> bool:
         """Whether `pages` pages fit on every band of `order` without a move
@@ -89,7 +100,9 @@ class Chain:
             if epoch != self.epoch.value:
                 continue
             ext = [after_urgent_flush(e) for e in now] if key[2] else now
-            if key[0] == "joint":
+            if key[0] == "ladder":
+                fresh = self.ladder_pages(key[1])
+            elif key[0] == "joint":
                 fresh = joint_pages(ext, key[1], self.total_bytes)
             else:
                 fresh = ext[key[1]].holes + extension_room(ext, key[1], self.total_bytes)

@@ -205,7 +205,7 @@ def joint_pages(
         return hi  # independent bands: each one's own room is the answer
     fits = _facing_pair(chain, order) or (
         lambda n: take_all(chain, order, n, total_bytes) is not None)
-    return _search(fits, hi, hint)
+    return search(fits, hi, hint)
 
 
 def _facing_pair(chain: Sequence[Extent], order: Sequence[int]):
@@ -231,7 +231,7 @@ def _facing_pair(chain: Sequence[Extent], order: Sequence[int]):
     return fits
 
 
-def _search(fits, hi: int, hint: int) -> int:
+def search(fits, hi: int, hint: int) -> int:
     """Largest n in [0, hi] with `fits(n)` (monotone), galloping from `hint`."""
     lo, step = 0, 1
     probe = min(max(hint, 0), hi)

@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import Callable, Iterator, Mapping, Sequence
 
 from unikv.chain import Chain
-from unikv.extent import Kind, bound_above, bound_below, demand_fits, joint_pages, relocated
+from unikv.extent import (
+    Kind, bound_above, bound_below, demand_fits, joint_pages, relocated, search, take_all,
+)
 from unikv.layout import Side
 from unikv.stats import Stats
 
@@ -68,23 +70,55 @@ def open_short_side(chain: Chain, demand: Mapping[int, int]) -> bool:
     was applied; if none fits, nothing moves.
     """
     f = chain.float_index()
-    if f is None or chain.extents()[f].transparent:
+    plan = slide_plan(chain, chain.extents(), demand) if f is not None else None
+    if plan is None:
         return False
+    chain.bands[f].relocate(plan)
+    return True
+
+
+def slide_plan(chain: Chain, ext: Sequence, demand: Mapping[int, int]):
+    """The float relocation `open_short_side` would apply on a chain whose
+    extents are `ext` (the float's own as now), or None: pure, nothing moves."""
+    f = chain.float_index()
+    if f is None or ext[f].transparent:
+        return None
     band = chain.bands[f]
-    ext = chain.extents()
-    for side, min_bytes, keep_far_bytes in _room_requests(chain, demand, f):
-        plan = band.plan_room(side, min_bytes, keep_far_bytes)
+    for side, min_bytes, keep_far_bytes in _room_requests(ext, chain.total_bytes, demand, f):
+        plan = band.plan_room(side, min_bytes, keep_far_bytes, ext)
         if plan is None:
             continue
         trial = list(ext)
         trial[f] = relocated(ext[f], plan)
         if demand_fits(trial, demand, chain.total_bytes):
-            band.relocate(plan)
-            return True
-    return False
+            return plan
+    return None
 
 
-def _room_requests(chain: Chain, demand: Mapping[int, int], f: int) -> Iterator[tuple[Side, int, int]]:
+def ladder_joint_pages(chain: Chain, order: Sequence[int]) -> int:
+    """Pages a coupled take on `order` gets through the shortfall ladder:
+    after urgent flushes of the END bands, then, if that is short, the
+    float slide the ladder would plan. Every answer is realised by `relieve`
+    (same extents, same plan); a search over a predicate that need not be
+    monotone in `n` still only returns values it found to fit."""
+    ext = chain.extents(schedulable=True)
+    total = chain.total_bytes
+    plain = joint_pages(ext, order, total)
+    f = chain.float_index()
+    if f is None or ext[f].transparent or not order:
+        return plain
+
+    def fits(n: int) -> bool:
+        return (take_all(ext, order, n, total) is not None
+                or slide_plan(chain, ext, {i: n for i in order}) is not None)
+
+    free = total - chain.sink_bytes - sum(e.live * e.page_bytes for e in ext)
+    hi = free // max(1, min(ext[i].page_bytes for i in order)) + sum(ext[i].holes for i in order)
+    return search(fits, hi, plain)
+
+
+def _room_requests(ext: Sequence, total_bytes: int, demand: Mapping[int, int],
+                   f: int) -> Iterator[tuple[Side, int, int]]:
     """(side, min_bytes, keep_far_bytes) requests, most likely first.
 
     Each END band's need beyond its own holes falls on the float side facing
@@ -96,7 +130,6 @@ def _room_requests(chain: Chain, demand: Mapping[int, int], f: int) -> Iterator[
     """
     if not any(p > 0 for p in demand.values()):
         return
-    ext = chain.extents()
     flt = ext[f]
     need = {Side.LOW: 0, Side.HIGH: 0}
     for i, pages in demand.items():
@@ -105,7 +138,7 @@ def _room_requests(chain: Chain, demand: Mapping[int, int], f: int) -> Iterator[
             need[side] += max(0, pages - ext[i].holes) * ext[i].page_bytes
     gap = {
         Side.LOW: max(0, flt.low_byte - bound_below(ext, f)),
-        Side.HIGH: max(0, bound_above(ext, f, chain.total_bytes) - flt.high_byte),
+        Side.HIGH: max(0, bound_above(ext, f, total_bytes) - flt.high_byte),
     }
     surplus = {s: gap[s] - need[s] for s in Side}
     own = max(0, demand.get(f, 0) - flt.holes) * flt.page_bytes

@@ -16,7 +16,7 @@ from unikv.extent import Kind
 from unikv.hazards import Epoch, Hazards
 from unikv.ids import IdSpace, as_ids, check_count, check_range, few
 from unikv.layout import Layout, Side, Unit
-from unikv.policy import flush_chain, relieve
+from unikv.policy import flush_chain, ladder_joint_pages, relieve
 from unikv.stats import Stats
 from unikv.tables import PageTables
 
@@ -86,6 +86,7 @@ class UnifiedPool:
             cls = self.band_classes[self._band_kind(g.band)]
             self.bands[g.band.name] = cls(g, ctx, self.counters.bands[g.band.name])
         self.chain.bands = list(self.bands.values())
+        self.chain.ladder_pages = lambda order: ladder_joint_pages(self.chain, order)
         self.token_names = [b.name for b in layout.token_bands]
         # Alloc order: END bands first, the float last (it can pick a side).
         self.token_order = sorted((self.bands[n].index for n in self.token_names),
@@ -135,12 +136,16 @@ class UnifiedPool:
     def available_size(self, schedulable: bool = False) -> int:
         """Tokens a coupled `alloc` takes now without moving a page.
 
-        `schedulable=True` also credits holes an urgent flush of the lazy
-        END bands would reclaim (what the shortfall ladder can realise).
+        `schedulable=True` counts what the shortfall ladder can realise:
+        holes an urgent flush of the lazy END bands would reclaim, then the
+        float slide the ladder would plan (an `alloc` of that many tokens
+        succeeds, through the ladder).
         """
         if not self.token_names:
             return 0
-        return self.chain.joint_pages(self.token_order, schedulable) * self.page_size
+        if schedulable:
+            return self.chain.schedulable_joint_pages(self.token_order) * self.page_size
+        return self.chain.joint_pages(self.token_order) * self.page_size
 
     def available_state(self, band: str, schedulable: bool = False) -> int:
         """State slots `alloc_state(band, n)` takes now without moving a page."""

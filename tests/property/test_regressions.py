@@ -64,7 +64,11 @@ def ladder_pool(materialize: bool = False) -> UnifiedPool:
     mamba [5000, 20000): 2 live slots + 1 hole (its lowest slot);
     swa   [20100, 23400): 2 live pages at the bottom, 9 holes above them;
     full  [32200, 39900): 2 live pages at the top, 9 holes below them.
-    available_size() = 17, available_size(schedulable=True) = 21.
+    available_size() = 17; after urgent flushes of mamba and full alone,
+    21; through the whole ladder (those flushes, then a float slide),
+    available_size(schedulable=True) = 22: mamba packs to [5000, 15000) and
+    full to [38500, 39900), leaving 23,500 B for swa's 600 live bytes and
+    1,000 B per new token.
     """
     layout = Layout(total_bytes=40_000, bands=[
         Band("mamba", entry_bytes=5000, grow="up", unit="request"),
@@ -89,7 +93,8 @@ def test_ladder_pool_is_as_documented():
     assert [(occ[n]["low_byte"], occ[n]["high_byte"], occ[n]["live_pages"], occ[n]["hole_pages"])
             for n in ("mamba", "swa", "full")] == [
         (5000, 20000, 2, 1), (20100, 23400, 2, 9), (32200, 39900, 2, 9)]
-    assert (pool.available_size(), pool.available_size(schedulable=True)) == (17, 21)
+    assert (pool.available_size(), pool.available_size(schedulable=True)) == (17, 22)
+    assert pool.chain.joint_pages(pool.token_order, schedulable=True) == 21  # flushes alone
     assert pool.verify() == []
 
 

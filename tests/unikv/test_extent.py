@@ -68,7 +68,7 @@ def test_gap_bytes():
 def test_fast_paths_agree_with_the_general_search():
     import random
 
-    from unikv.extent import _search, extension_room, take_all
+    from unikv.extent import extension_room, search, take_all
 
     rng = random.Random(7)
     for _ in range(400):
@@ -82,7 +82,7 @@ def test_fast_paths_agree_with_the_general_search():
         chain = [u, *middle, d]
         order = [0, len(chain) - 1]
         hi = min(chain[i].holes + extension_room(chain, i, TOTAL) for i in order)
-        general = _search(lambda n: take_all(chain, order, n, TOTAL) is not None, hi, 0)
+        general = search(lambda n: take_all(chain, order, n, TOTAL) is not None, hi, 0)
         assert joint_pages(chain, order, TOTAL, hint=rng.randrange(0, 50)) == general
 
 

@@ -84,10 +84,22 @@ def test_coupled_shortfall_opens_the_float_side_facing_full():
     p = pool(three_band(), "lazy")
     v = p.alloc(10)  # swa [40, 50) splits the free bytes 3000 | 3000
     assert p.available_size() == 15
+    # Through the ladder: slide swa down against mamba, [1000, 2000); then
+    # swa grows up from 2000 and full down from 8000: 2000 + 100n <= 8000 - 200n.
+    assert p.available_size(schedulable=True) == 20
     w = p.alloc(18)  # full needs 18*200 = 3600 B on the high side
     assert w is not None and p.stats()["relocations"] == 1
     assert p.verify() == []
     assert v is not None
+
+
+def test_the_schedulable_view_is_what_the_ladder_realises_with_a_slide():
+    p = pool(three_band(), "lazy")
+    p.alloc(10)
+    n = p.available_size(schedulable=True)
+    assert n == 20 and p.alloc(n) is not None  # one relocation, no room left
+    assert p.stats()["relocations"] == 1 and p.available_size(schedulable=True) == 0
+    assert p.verify() == []
 
 
 def test_flush_targets():

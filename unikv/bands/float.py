@@ -114,7 +114,8 @@ class FloatBand(BandAllocator):
             self.relocate(plan)
         return self.gap_bytes(side)
 
-    def plan_room(self, side: Side, min_bytes: int, keep_far_bytes: int = 0) -> Optional[Relocation]:
+    def plan_room(self, side: Side, min_bytes: int, keep_far_bytes: int = 0,
+                  chain: Optional[list] = None) -> Optional[Relocation]:
         """Where `make_room` would put the span (nothing changes): see
         `extent.room_plan`; `keep_far_bytes` of the far gap stay free when
         the boundary pages can go elsewhere. None when the free pages
@@ -122,7 +123,7 @@ class FloatBand(BandAllocator):
         if self.live == 0:
             return None
         pages = lambda b: -(-b // self.page_bytes)  # noqa: E731
-        region = float_region(self.chain_extents(), self.index, self.total_bytes)
+        region = float_region(chain or self.chain_extents(), self.index, self.total_bytes)
         return room_plan(self.low, self.high, self.holes.tolist(), region, side,
                          pages(min_bytes), pages(keep_far_bytes))
 
