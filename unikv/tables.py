@@ -64,10 +64,18 @@ class PageTables:
         if not self.shared:
             self.device.copy_(torch.from_numpy(self.host))
 
+    MAX_PENDING = 4096  # dirty batches kept before a commit is forced
+
     def touch(self, at: int, idx: np.ndarray) -> None:
-        """Mark entries `at + idx` written (the device mirror is stale there)."""
+        """Mark entries `at + idx` written (the device mirror is stale there).
+
+        An engine that never reads the device tables would let the dirty
+        list grow without bound, so past `MAX_PENDING` batches it commits.
+        """
         if not self.shared and len(idx):
             self._dirty.append(idx + at)
+            if len(self._dirty) >= self.MAX_PENDING:
+                self.commit()
 
     @property
     def dirty(self) -> bool:

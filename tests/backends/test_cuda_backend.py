@@ -285,6 +285,18 @@ def decode_step(pool, state, window: int = 256, finish_every: int = 0, step: int
     return pool.translate(new, "full"), pool.translate(new, "swa")
 
 
+def test_dirty_entries_are_committed_before_they_pile_up(monkeypatch):
+    from unikv.tables import PageTables
+
+    monkeypatch.setattr(PageTables, "MAX_PENDING", 8)
+    pool = UnifiedPool(small_layout(), CudaBackend("cpu"), compaction="lazy")
+    for _ in range(20):  # each alloc marks two batches per token band
+        pool.alloc(PS)
+        assert len(pool.tables._dirty) < 8
+    pool.commit()
+    assert pool.verify() == []
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_decode_loop_keeps_the_device_tables_mirrored(device):
     pool, state = decode_pool(16, device)
