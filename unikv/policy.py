@@ -57,7 +57,9 @@ def flush_chain(chain: Chain, urgent: bool, order: Sequence[int]) -> int:
         ext = chain.extents()
         after = list(ext)
         after[f] = relocated(ext[f], plan)
-        if joint_pages(after, order, chain.total_bytes) < chain.joint_pages(order):
+        # Feasibility is monotone in n: the absorbed chain keeps the room
+        # iff today's joint pages still fit on it (one walk, no search).
+        if take_all(after, order, chain.joint_pages(order), chain.total_bytes) is None:
             return moves
     return moves + chain.bands[f].flush(urgent)
 
