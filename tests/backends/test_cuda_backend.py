@@ -161,6 +161,17 @@ def test_lockstep_with_sim(device, compaction):
     Lockstep(CudaBackend(device), compaction, seed=7 if compaction == "lazy" else 11).run(steps=120)
 
 
+@pytest.mark.gpu
+@CUDA
+def test_lockstep_on_a_side_stream():
+    """The backend's own stream: every launch, event and wait on it, the
+    pool driven under `torch.cuda.stream(side)` as the docstring asks."""
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        Lockstep(CudaBackend("cuda", stream=side), "lazy", seed=5).run(steps=80)
+    torch.cuda.synchronize()
+
+
 def test_lockstep_without_triton(monkeypatch):
     """Without Triton the backend runs torch versions of every kernel."""
     import unikv.kernels
