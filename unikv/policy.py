@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from unikv.chain import Chain
 from unikv.extent import (
-    Kind, bound_above, bound_below, demand_fits, joint_pages, relocated, search, take_all,
+    Kind, bound_above, bound_below, demand_fits, float_region, joint_pages, relocated, search, take_all,
 )
 from unikv.layout import Side
 from unikv.stats import Stats
@@ -124,11 +124,13 @@ def _room_requests(ext: Sequence, total_bytes: int, demand: Mapping[int, int],
     """(side, min_bytes, keep_far_bytes) requests, most likely first.
 
     Each END band's need beyond its own holes falls on the float side facing
-    it. If both sides are short, relocation is zero-sum: none. If one is,
-    open it (plus the float's own need the other side cannot cover); if only
-    the float is short, consolidate its free bytes on the larger-surplus
-    side. Each request comes with and without a page of slack (grid
-    alignment), keeping the far side's need free, then without that limit.
+    it. If one side is short, open it (plus the float's own need the other
+    side cannot cover); if only the float is short, consolidate its free
+    bytes on the larger-surplus side. Each request comes with and without a
+    page of slack (grid alignment), keeping the far side's need free, then
+    without that limit. Last, on that side (or, when both or neither side is
+    short by this count, the side with the larger need), every free page of
+    the region: the float packed against the far neighbour.
     """
     if not any(p > 0 for p in demand.values()):
         return
@@ -146,19 +148,26 @@ def _room_requests(ext: Sequence, total_bytes: int, demand: Mapping[int, int],
     own = max(0, demand.get(f, 0) - flt.holes) * flt.page_bytes
     slack = max(ext[i].page_bytes for i, p in demand.items() if p > 0)
     short = [s for s in Side if surplus[s] < 0]
-    if len(short) == 2:
-        return
-    if short:
+    if len(short) == 1:
         s = short[0]
         base = need[s] + max(0, own - max(0, surplus[s.other]))
-    elif own > max(surplus.values()):
+    elif not short and own > max(surplus.values()):
         s = Side.LOW if surplus[Side.LOW] >= surplus[Side.HIGH] else Side.HIGH
         base = need[s] + own
-    else:
-        return
-    for keep in (need[s.other], 0):
-        yield s, base + slack, keep
-        yield s, base, keep
+    else:  # both sides short, or neither by this count: only the last resort
+        s, base = (Side.LOW if need[Side.LOW] > need[Side.HIGH] else Side.HIGH), None
+    if base is not None:
+        for keep in (need[s.other], 0):
+            yield s, base + slack, keep
+            yield s, base, keep
+    # Last resort: every free page of the float's region on that side (the
+    # float packed against the far neighbour, its holes closed). Moving
+    # boundary pages into the float's own holes turns pages only the float
+    # can use into gap, so the requests above can fall short of a coupled
+    # demand that this one fits (checked, like every candidate, before
+    # anything moves).
+    lo, hi = float_region(ext, f, total_bytes)
+    yield s, (hi - lo - flt.live) * flt.page_bytes, 0
 
 
 def relieve(chain: Chain, demand: Mapping[int, int], fits: Callable[[], bool], stats: Stats) -> bool:

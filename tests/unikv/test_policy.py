@@ -111,3 +111,32 @@ def test_flush_targets():
     q = pool(mamba_full(), "lazy")
     assert names(flush_targets(q.chain, {0: 1})) == ["full"]
     assert names(flush_targets(q.chain, {1: 1})) == ["mamba"]
+
+
+def test_the_last_resort_slide_packs_the_float_when_hole_moves_fall_short(monkeypatch):
+    """Found by a random search: the float's holes are spent by boundary
+    moves, so opening room on one side starves the float's own extension;
+    packing the float against the far neighbour fits one more page."""
+    from unikv import Band, Layout, UnifiedPool, policy
+    from unikv.backends import SimBackend
+
+    p = UnifiedPool(Layout(total_bytes=40_000, bands=[
+        Band("mamba", entry_bytes=2000, grow="up", unit="request"),
+        Band("swa", entry_bytes=300, grow="float", page_size=1),
+        Band("full", entry_bytes=70, grow="down", page_size=1)]), SimBackend(), compaction="lazy")
+    reqs = [p.alloc(10), p.alloc(18)]
+    p.alloc_state("mamba", 1)
+    reqs += [p.alloc(16), p.alloc(9), p.alloc(7)]
+    p.alloc_state("mamba", 1)
+    reqs.append(p.alloc(17))
+    for v, k in zip(reqs, (2, 1, 7, 7, 1)):
+        p.release(v[:k], "swa")
+    p.flush()
+    assert p.available_size(schedulable=True) == 29
+    real = policy._room_requests
+    monkeypatch.setattr(policy, "_room_requests", lambda *a: iter(list(real(*a))[:-1]))
+    p.epoch.bump()
+    assert p.available_size(schedulable=True) == 28  # without the last resort
+    monkeypatch.setattr(policy, "_room_requests", real)
+    p.epoch.bump()
+    assert p.alloc(29) is not None and p.verify() == []
