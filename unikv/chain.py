@@ -27,7 +27,7 @@ class Chain:
         self._extents: Optional[tuple[int, list[Extent]]] = None  # (epoch, extents)
         # The ladder-aware joint capacity (policy.ladder_joint_pages), set by
         # the pool: policy sits above the chain, so the chain only calls it.
-        self.ladder_pages: Optional[Callable[[Sequence[int]], int]] = None
+        self.ladder_pages: Optional[Callable[[Sequence[int], int], int]] = None
 
     def extents(self, schedulable: bool = False) -> list[Extent]:
         """Every band's extent; `schedulable` pretends lazy END bands were
@@ -59,7 +59,9 @@ class Chain:
         ladder hook, the urgent-flush view alone."""
         if self.ladder_pages is None:
             return self.joint_pages(order, schedulable=True)
-        return self._memoised(("ladder", tuple(order), True), lambda: self.ladder_pages(order))
+        key = ("ladder", tuple(order), True)
+        hint = self._memo.get(key, (None, 0))[1]  # the last answer: the search gallops from it
+        return self._memoised(key, lambda: self.ladder_pages(order, hint))
 
     def fits_joint(self, order: Sequence[int], pages: int) -> bool:
         """Whether `pages` pages fit on every band of `order` without a move
@@ -101,7 +103,7 @@ class Chain:
                 continue
             ext = [after_urgent_flush(e) for e in now] if key[2] else now
             if key[0] == "ladder":
-                fresh = self.ladder_pages(key[1])
+                fresh = self.ladder_pages(key[1], 0)
             elif key[0] == "joint":
                 fresh = joint_pages(ext, key[1], self.total_bytes)
             else:

@@ -97,15 +97,17 @@ def slide_plan(chain: Chain, ext: Sequence, demand: Mapping[int, int]):
     return None
 
 
-def ladder_joint_pages(chain: Chain, order: Sequence[int]) -> int:
+def ladder_joint_pages(chain: Chain, order: Sequence[int], hint: int = 0) -> int:
     """Pages a coupled take on `order` gets through the shortfall ladder:
     after urgent flushes of the END bands, then, if that is short, the
     float slide the ladder would plan. Every answer is realised by `relieve`
     (same extents, same plan); a search over a predicate that need not be
-    monotone in `n` still only returns values it found to fit."""
+    monotone in `n` still only returns values it found to fit. `hint` (the
+    last answer) is where the plain search starts: it never changes that
+    search's exact answer, from which the slide search then starts."""
     ext = chain.extents(schedulable=True)
     total = chain.total_bytes
-    plain = joint_pages(ext, order, total)
+    plain = joint_pages(ext, order, total, hint)
     f = chain.float_index()
     if f is None or ext[f].transparent or not order:
         return plain

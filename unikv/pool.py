@@ -86,7 +86,7 @@ class UnifiedPool:
             cls = self.band_classes[self._band_kind(g.band)]
             self.bands[g.band.name] = cls(g, ctx, self.counters.bands[g.band.name])
         self.chain.bands = list(self.bands.values())
-        self.chain.ladder_pages = lambda order: ladder_joint_pages(self.chain, order)
+        self.chain.ladder_pages = lambda order, hint=0: ladder_joint_pages(self.chain, order, hint)
         self.token_names = [b.name for b in layout.token_bands]
         # Alloc order: END bands first, the float last (it can pick a side).
         self.token_order = sorted((self.bands[n].index for n in self.token_names),
