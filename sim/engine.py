@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import simpy
 
-from sim.memory import Memory, int64_tensor
+from sim.memory import Memory, int64_ids
 from sim.recorder import BAND_COLUMNS, Recorder
 from sim.request import Request
 
@@ -254,7 +254,7 @@ class Simulation:
         states = {}
         if self.mem.state_band is not None:
             states[self.mem.state_band] = [r.state for r in self.running]
-        self.pool.set_inflight_forward(event, int64_tensor(reps), states)
+        self.pool.set_inflight_forward(event, int64_ids(reps), states)
 
     def _complete(self, prefill, decode) -> None:
         now = self.env.now

@@ -9,21 +9,19 @@ exactly the pool's live pages.
 
 from __future__ import annotations
 
-from array import array
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from sim.prefix_cache import Node, PrefixCache
 from sim.request import Request
 
 
-def int64_tensor(values: list[int]) -> torch.Tensor:
-    """A 1-D int64 tensor of `values` (a third of `torch.tensor`'s cost on
-    short lists: the engine builds several per step)."""
-    if not values:
-        return torch.empty(0, dtype=torch.int64)
-    return torch.frombuffer(array("q", values), dtype=torch.int64)
+def int64_ids(values: list[int]) -> np.ndarray:
+    """`values` as a 1-D int64 host array: the pool reads those with no copy
+    or conversion (the engine builds several per step)."""
+    return np.array(values, dtype=np.int64)
 
 
 class Memory:
@@ -66,9 +64,9 @@ class Memory:
 
     # -- ids --
 
-    def _reps(self, pages) -> torch.Tensor:
+    def _reps(self, pages) -> np.ndarray:
         ps = self.ps
-        return int64_tensor([p * ps for p in pages])
+        return int64_ids([p * ps for p in pages])
 
     def _free_pages(self, pages: list[int]) -> None:
         if pages:
@@ -191,9 +189,9 @@ class Memory:
         ps = self.ps
         opening = [r for r in reqs if r.seq % ps == 0]
         if opening:
-            seq = int64_tensor([r.seq + 1 for r in opening])
+            seq = int64_ids([r.seq + 1 for r in opening])
             # last_loc: the slot of position seq - 1 (seq >= 1: a page is full)
-            last = int64_tensor([r.pages[r.seq // ps - 1] * ps + ps - 1 if r.seq else -1
+            last = int64_ids([r.pages[r.seq // ps - 1] * ps + ps - 1 if r.seq else -1
                                  for r in opening])
             out = self.pool.alloc_decode(seq, last)
             if out is None:
@@ -217,7 +215,7 @@ class Memory:
                 reps.extend([p * ps for p in r.pages[r.swa_released:out]])
                 r.swa_released = out
         if reps:
-            self.pool.release(int64_tensor(reps), "swa")
+            self.pool.release(int64_ids(reps), "swa")
         return len(reps)
 
     # -- release --

@@ -18,16 +18,18 @@ class Chain:
     a memo is fresh exactly while nothing has changed.
     """
 
-    def __init__(self, layout: Layout, epoch: Epoch) -> None:
+    def __init__(self, layout: Layout, epoch: Epoch,
+                 ladder_pages: Callable[[Sequence[int], int], int]) -> None:
         self.total_bytes = layout.total_bytes
         self.sink_bytes = layout.sink_bytes
         self.epoch = epoch
         self.bands: list = []
         self._memo: dict[tuple, tuple[int, int]] = {}
         self._extents: Optional[tuple[int, list[Extent]]] = None  # (epoch, extents)
-        # The ladder-aware joint capacity (policy.ladder_joint_pages), set by
-        # the pool: policy sits above the chain, so the chain only calls it.
-        self.ladder_pages: Optional[Callable[[Sequence[int], int], int]] = None
+        # The ladder-aware joint capacity, `(order, hint) -> pages`
+        # (policy.ladder_joint_pages): policy sits above the chain, so the
+        # pool hands it in and the chain only calls it.
+        self.ladder_pages = ladder_pages
 
     def extents(self, schedulable: bool = False) -> list[Extent]:
         """Every band's extent; `schedulable` pretends lazy END bands were
@@ -55,10 +57,7 @@ class Chain:
 
     def schedulable_joint_pages(self, order: Sequence[int]) -> int:
         """Pages a coupled take on `order` gets through the shortfall ladder
-        (urgent END flushes, then the float slide it would plan); without a
-        ladder hook, the urgent-flush view alone."""
-        if self.ladder_pages is None:
-            return self.joint_pages(order, schedulable=True)
+        (urgent END flushes, then the float slide it would plan)."""
         key = ("ladder", tuple(order), True)
         hint = self._memo.get(key, (None, 0))[1]  # the last answer: the search gallops from it
         return self._memoised(key, lambda: self.ladder_pages(order, hint))

@@ -105,11 +105,11 @@ def _check_last_loc(pool, prefix: np.ndarray, last: np.ndarray, op: str,
     inside = (last >= 0) & (last < high)
     if not inside.all():
         raise ValueError(f"{op}: last_loc ids {few(last[~inside])} are outside [0, {high})")
-    placed = (last - prefix + 1) % ps == 0
+    placed = slot_of(last + 1, ps) == slot_of(prefix, ps)
     if not placed.all():
         raise ValueError(f"{op}: last_loc {few(last[~placed])} do not sit at the prefix's last "
                          f"position within their page (page_size={ps})")
-    dead = last[pool.vids.binds[last // ps] <= 0]
+    dead = last[pool.vids.binds[page_of(last, ps)] <= 0]
     raise ValueError(f"{op}: last_loc {few(dead)} are not on allocated pages")
 
 

@@ -71,7 +71,8 @@ class UnifiedPool:
         self.epoch = Epoch()
         self.hazards = Hazards(self.backend)
         self.counters = Stats.for_bands(layout.names)
-        self.chain = Chain(layout, self.epoch)
+        self.chain = Chain(layout, self.epoch,
+                           lambda order, hint=0: ladder_joint_pages(self.chain, order, hint))
         self.buffer = self.backend.make_buffer(layout.total_bytes)
         token_vspace = 1 + sum(g.usable_pages for g in layout if g.band.unit is Unit.TOKEN)
         vspace = {g.band.name: token_vspace if g.band.unit is Unit.TOKEN else g.usable_pages + 1
@@ -86,7 +87,6 @@ class UnifiedPool:
             cls = self.band_classes[self._band_kind(g.band)]
             self.bands[g.band.name] = cls(g, ctx, self.counters.bands[g.band.name])
         self.chain.bands = list(self.bands.values())
-        self.chain.ladder_pages = lambda order, hint=0: ladder_joint_pages(self.chain, order, hint)
         self.token_names = [b.name for b in layout.token_bands]
         # Alloc order: END bands first, the float last (it can pick a side).
         self.token_order = sorted((self.bands[n].index for n in self.token_names),

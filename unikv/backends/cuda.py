@@ -121,11 +121,12 @@ class CudaBackend:
         pinned staging block built per call)."""
         host = arrays[0] if len(arrays) == 1 else np.stack(arrays)
         t = torch.from_numpy(np.ascontiguousarray(host, dtype=np.int64))
-        if not self.cuda:
-            return [t.clone()] if len(arrays) == 1 else list(t.clone())
-        with self._on_stream():
-            dev = t.to(self.device, non_blocking=True)
-        return [dev] if len(arrays) == 1 else [dev[0], dev[1]] if len(arrays) == 2 else list(dev)
+        if self.cuda:
+            with self._on_stream():
+                t = t.to(self.device, non_blocking=True)
+        else:
+            t = t.clone()  # a CPU "device": never alias the caller's host arrays
+        return [t] if len(arrays) == 1 else [t[i] for i in range(len(arrays))]
 
     def scatter(self, table: torch.Tensor, idx: np.ndarray, values: np.ndarray) -> None:
         """`table[idx] = values`: one upload of both arrays and one torch
