@@ -10,6 +10,7 @@ this one function, `alloc(n)` succeeds for every `n` the capacity views admit.
 
 from __future__ import annotations
 
+import bisect
 import enum
 from typing import Mapping, NamedTuple, Optional, Sequence
 
@@ -366,3 +367,37 @@ def _strip_plan(low, high, free, n_live, region, side, strip, keep_far):
     else:
         new_low, new_high = cut, max([high - 1, *dsts]) + 1
     return Relocation(tuple(srcs), tuple(dsts), new_low, new_high, tuple(sorted(kept)))
+
+
+def room_extent(low: int, high: int, holes: Sequence[int], region: tuple[int, int], side: Side,
+                need_pages: int, keep_far_pages: int = 0) -> Optional[tuple[int, int, int]]:
+    """`(low, high, holes)` of the span `room_plan` would plan, or None when
+    it plans nothing, from the holes sorted ascending: counts by bisection,
+    no plan built. The capacity search asks this for many sizes; the ladder
+    then builds the one plan it applies with `room_plan` (a test holds the
+    two equal)."""
+    lo, hi = region
+    n_live = high - low - len(holes)
+    if hi - lo - n_live < need_pages:
+        return None
+    strip = need_pages - (low - lo if side is Side.LOW else hi - high)
+    if strip <= 0:
+        return low, high, len(holes)
+    if strip < high - low:
+        if side is Side.HIGH:
+            cut = high - strip
+            far = bisect.bisect_left(holes, cut)  # holes below the cut (all >= low)
+            srcs = strip - (len(holes) - far)
+            fresh = max(0, low - lo - keep_far_pages)
+        else:
+            cut = low + strip
+            far = len(holes) - bisect.bisect_left(holes, cut)
+            srcs = strip - (len(holes) - far)
+            fresh = max(0, hi - keep_far_pages - high)
+        if srcs < n_live and srcs <= far + fresh:
+            spill = max(0, srcs - far)  # fresh pages taken beyond the span
+            if side is Side.HIGH:
+                return low - spill, cut, far - min(srcs, far)
+            return cut, high + spill, far - min(srcs, far)
+    start = lo + need_pages if side is Side.LOW else hi - need_pages - n_live  # the leapfrog
+    return start, start + n_live, 0

@@ -9,11 +9,12 @@ found (docs/allocator.md).
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from unikv.chain import Chain
 from unikv.extent import (
-    Kind, bound_above, bound_below, demand_fits, float_region, joint_pages, relocated, search, take_all,
+    Extent, Kind, bound_above, bound_below, demand_fits, float_region, joint_pages, relocated,
+    room_extent, search, take_all,
 )
 from unikv.layout import Side
 from unikv.stats import Stats
@@ -85,15 +86,34 @@ def slide_plan(chain: Chain, ext: Sequence, demand: Mapping[int, int]):
     f = chain.float_index()
     if f is None or ext[f].transparent:
         return None
-    band = chain.bands[f]
+    holes = sorted(chain.bands[f].holes.tolist())
+    request = slide_request(chain, ext, demand, holes)
+    return None if request is None else chain.bands[f].plan_room(*request, ext)
+
+
+def slide_request(chain: Chain, ext: Sequence, demand: Mapping[int, int],
+                  holes: Sequence[int]) -> Optional[tuple[Side, int, int]]:
+    """The first room request (`_room_requests` order) whose planned float
+    span lets `demand` fit, or None. Spans are counted by `room_extent` from
+    the float's holes sorted ascending (`holes`), so a capacity search can
+    ask for many demands without building a plan; `plan_room` then builds
+    the one applied (the same span: tested)."""
+    f = chain.float_index()
+    if f is None or ext[f].transparent:
+        return None
+    band, e = chain.bands[f], ext[f]
+    region = float_region(ext, f, chain.total_bytes)
+    pages = lambda b: -(-b // e.page_bytes)  # noqa: E731  (as plan_room rounds)
     for side, min_bytes, keep_far_bytes in _room_requests(ext, chain.total_bytes, demand, f):
-        plan = band.plan_room(side, min_bytes, keep_far_bytes, ext)
-        if plan is None:
+        span = room_extent(band.low, band.high, holes, region, side, pages(min_bytes),
+                           pages(keep_far_bytes))
+        if span is None:
             continue
         trial = list(ext)
-        trial[f] = relocated(ext[f], plan)
+        trial[f] = Extent(e.kind, e.page_bytes, e.min_page, e.num_pages, span[0], span[1], span[2],
+                          e.live, e.cap)
         if demand_fits(trial, demand, chain.total_bytes):
-            return plan
+            return side, min_bytes, keep_far_bytes
     return None
 
 
@@ -112,9 +132,11 @@ def ladder_joint_pages(chain: Chain, order: Sequence[int], hint: int = 0) -> int
     if f is None or ext[f].transparent or not order:
         return plain
 
+    holes = sorted(chain.bands[f].holes.tolist())  # once for the whole search
+
     def fits(n: int) -> bool:
         return (take_all(ext, order, n, total) is not None
-                or slide_plan(chain, ext, {i: n for i in order}) is not None)
+                or slide_request(chain, ext, {i: n for i in order}, holes) is not None)
 
     free = total - chain.sink_bytes - sum(e.live * e.page_bytes for e in ext)
     hi = free // max(1, min(ext[i].page_bytes for i in order)) + sum(ext[i].holes for i in order)
