@@ -196,39 +196,67 @@ def joint_pages(
     Feasibility is monotone in `n` (every band's fresh-page need grows with
     `n` and its room only shrinks as earlier bands extend), so a search over
     `take_all` is exact. It gallops out from `hint` (e.g. the previous
-    answer, which moves little between calls) before bisecting.
+    answer, which moves little between calls) before bisecting. The common
+    chains have a closed form instead (`facing_pair_pages`,
+    `budget_pages`; tests hold them equal to the search).
     """
     if not order:
         return 0
+    closed = facing_pair_pages(chain, order)
+    if closed is None:
+        closed = budget_pages(chain, order)
+    if closed is not None:
+        return closed
     hi = min(chain[i].holes + extension_room(chain, i, total_bytes) for i in order)
     if len(order) == 1 or all(chain[i].kind is Kind.REGION for i in order):
         return hi  # independent bands: each one's own room is the answer
-    fits = _facing_pair(chain, order) or (
-        lambda n: take_all(chain, order, n, total_bytes) is not None)
-    return search(fits, hi, hint)
+    return search(lambda n: take_all(chain, order, n, total_bytes) is not None, hi, hint)
 
 
-def _facing_pair(chain: Sequence[Extent], order: Sequence[int]):
-    """The joint predicate of an UP band and a DOWN band that face each other
-    (only transparent bands between), in integer arithmetic: the same answer
-    as `take_all` for that chain, without building extents."""
+def facing_pair_pages(chain: Sequence[Extent], order: Sequence[int]) -> Optional[int]:
+    """`joint_pages` of an UP band and a DOWN band that face each other
+    (only transparent bands between, the UP band taken first), in closed
+    form; None for any other `order`.
+
+    Each band takes its holes first. Within both hole counts only each
+    band's own room limits `n`; past both, every page extends both
+    frontiers toward each other, and they meet where
+    `(down.low + down.holes - n) * down_bytes >= (up.high - up.holes + n) * up_bytes`
+    stops holding (the DOWN floor is the UP frontier rounded up to a DOWN
+    page, so the byte inequality is exact).
+    """
     if len(order) != 2:
         return None
-    u, d = (chain[order[0]], chain[order[1]])
-    if u.kind is not Kind.UP or d.kind is not Kind.DOWN or order[0] > order[1]:
+    i, j = order
+    u, d = chain[i], chain[j]
+    if u.kind is not Kind.UP or d.kind is not Kind.DOWN or i > j:
         return None
-    if any(not chain[j].transparent for j in range(order[0] + 1, order[1])):
-        return None
+    for k in range(i + 1, j):
+        if not chain[k].transparent:
+            return None
+    pu, pd = u.page_bytes, d.page_bytes
+    room_u = max(0, min(u.num_pages, d.low * pd // pu) - u.high)
+    room_d = max(0, d.low - max(d.min_page, -(-u.high * pu // pd)))
+    hi = min(u.holes + room_u, d.holes + room_d)
+    meet = ((d.low + d.holes) * pd - (u.high - u.holes) * pu) // (pu + pd)
+    return min(hi, max(u.holes, d.holes, meet))
 
-    def fits(n: int) -> bool:
-        ext_u, ext_d = max(0, n - u.holes), max(0, n - d.holes)
-        high_u = u.high + ext_u
-        if ext_u and (high_u > u.num_pages or high_u * u.page_bytes > d.low * d.page_bytes):
-            return False
-        floor_d = max(d.min_page, -(-high_u * u.page_bytes // d.page_bytes))
-        return not ext_d or d.low - ext_d >= floor_d
 
-    return fits
+def budget_pages(chain: Sequence[Extent], order: Sequence[int]) -> Optional[int]:
+    """`joint_pages` when every band of `order` draws on the byte budget,
+    in closed form (None otherwise): `n` pages of each cost `n` times the
+    sum of their page bytes, and each band keeps its own page grid."""
+    bytes_per_n = 0
+    grid = None
+    for i in order:
+        e = chain[i]
+        if e.kind is not Kind.BUDGET:
+            return None
+        bytes_per_n += e.page_bytes
+        room = e.num_pages - e.min_page - e.live
+        grid = room if grid is None else min(grid, room)
+    free = chain[order[0]].cap - sum(x.live * x.page_bytes for x in chain)
+    return max(0, min(free // bytes_per_n, grid))
 
 
 def search(fits, hi: int, hint: int) -> int:
