@@ -24,6 +24,7 @@ class Chain:
         self.sink_bytes = layout.sink_bytes
         self.epoch = epoch
         self.bands: list = []
+        self._float: tuple[Optional[list], Optional[int]] = (None, None)  # (bands, float index)
         self._memo: dict[tuple, tuple[int, int]] = {}
         # (epoch, extents, schedulable extents or None until asked)
         self._extents: Optional[tuple[int, tuple, Optional[tuple]]] = None
@@ -46,10 +47,12 @@ class Chain:
         return memo[2]
 
     def float_index(self) -> Optional[int]:
-        for i, b in enumerate(self.bands):
-            if b.kind is Kind.FLOAT:
-                return i
-        return None
+        """Index of the float band (None if the chain has none)."""
+        bands, index = self._float
+        if bands is not self.bands:  # computed once per band list
+            index = next((i for i, b in enumerate(self.bands) if b.kind is Kind.FLOAT), None)
+            self._float = (self.bands, index)
+        return index
 
     # -- capacity --
 

@@ -85,4 +85,6 @@ class Hazards:
         """
         if self.pending_event() is None or name not in self.writes:
             return set()
-        return {p for p in v2p[self.writes[name]].tolist() if p >= 0}
+        pages = set(v2p[self.writes[name]].tolist())
+        pages.discard(-1)  # unbound
+        return pages

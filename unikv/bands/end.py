@@ -165,7 +165,12 @@ class EndBand(BandAllocator):
 
     def _absorb(self, holes: list[int]) -> list[int]:
         """Retreat the watermark past holes touching it; keep the rest as the
-        hole list (deepest first) and return them ascending."""
+        hole list (deepest first) and return them ascending.
+
+        `holes` are distinct and ascending. The hole array is rebuilt only
+        when its pages or their order change (an alloc drains from the deep
+        end, which keeps it in order).
+        """
         hole_set = set(holes)
         wm = self.watermark
         if self.up:
@@ -176,12 +181,16 @@ class EndBand(BandAllocator):
             while wm in hole_set:
                 hole_set.discard(wm)
                 wm += 1
-        self.counters.absorbed_pages += abs(wm - self.watermark)
-        self.watermark = wm
-        rest = sorted(hole_set)
-        self.holes = np.asarray(rest if self.up else rest[::-1], dtype=np.int64)
-        self._absorbed = (self.holes, rest, hole_set)
-        return rest
+        absorbed = abs(wm - self.watermark)
+        if absorbed:  # the absorbed pages are the frontier end of `holes`
+            self.counters.absorbed_pages += absorbed
+            self.watermark = wm
+            holes = holes[:len(holes) - absorbed] if self.up else holes[absorbed:]
+        stored = holes if self.up else holes[::-1]
+        if absorbed or self.holes.tolist() != stored:
+            self.holes = np.asarray(stored, dtype=np.int64)
+        self._absorbed = (self.holes, holes, hole_set)
+        return holes
 
     def _plan_pack(self, cap: Optional[int], blocked: set[int]):
         """Pair the outermost survivors with the deepest holes (those the
@@ -189,7 +198,7 @@ class EndBand(BandAllocator):
         below its frontier)."""
         _, holes, hole_set = self._absorbed
         skip = hole_set | self.pending_set if self.pending_set else hole_set
-        deep = iter(holes if self.up else holes[::-1])
+        deep = iter(holes) if self.up else reversed(holes)
         low, high = self.span()
         outer = range(high - 1, low - 1, -1) if self.up else range(low, high)
         survivors = (p for p in outer if p not in skip)
