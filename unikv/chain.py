@@ -24,27 +24,35 @@ class Chain:
         self.sink_bytes = layout.sink_bytes
         self.epoch = epoch
         self.bands: list = []
+        self._float: tuple[Optional[list], Optional[int]] = (None, None)  # (bands, float index)
         self._memo: dict[tuple, tuple[int, int]] = {}
-        self._extents: Optional[tuple[int, list[Extent]]] = None  # (epoch, extents)
+        # (epoch, extents, schedulable extents or None until asked)
+        self._extents: Optional[tuple[int, tuple, Optional[tuple]]] = None
         # The ladder-aware joint capacity, `(order, hint) -> pages`
         # (policy.ladder_joint_pages): policy sits above the chain, so the
         # pool hands it in and the chain only calls it.
         self.ladder_pages = ladder_pages
 
-    def extents(self, schedulable: bool = False) -> list[Extent]:
-        """Every band's extent; `schedulable` pretends lazy END bands were
-        urgently flushed (their holes reclaimed at the frontier)."""
-        cached = self._extents
-        if cached is None or cached[0] != self.epoch.value:
-            cached = self._extents = (self.epoch.value, [b.extent() for b in self.bands])
-        ext = cached[1]
-        return [after_urgent_flush(e) for e in ext] if schedulable else list(ext)
+    def extents(self, schedulable: bool = False) -> tuple[Extent, ...]:
+        """Every band's extent, memoised per epoch (a tuple: callers that
+        edit it take a list copy); `schedulable` pretends lazy END bands
+        were urgently flushed (their holes reclaimed at the frontier)."""
+        memo = self._extents
+        if memo is None or memo[0] != self.epoch.value:
+            memo = self._extents = (self.epoch.value, tuple(b.extent() for b in self.bands), None)
+        if not schedulable:
+            return memo[1]
+        if memo[2] is None:
+            memo = self._extents = (memo[0], memo[1], tuple(after_urgent_flush(e) for e in memo[1]))
+        return memo[2]
 
     def float_index(self) -> Optional[int]:
-        for i, b in enumerate(self.bands):
-            if b.kind is Kind.FLOAT:
-                return i
-        return None
+        """Index of the float band (None if the chain has none)."""
+        bands, index = self._float
+        if bands is not self.bands:  # computed once per band list
+            index = next((i for i, b in enumerate(self.bands) if b.kind is Kind.FLOAT), None)
+            self._float = (self.bands, index)
+        return index
 
     # -- capacity --
 
@@ -94,13 +102,16 @@ class Chain:
     def memo_violations(self) -> list[str]:
         """A memo of the current epoch must equal a fresh recompute."""
         out = []
-        now = [b.extent() for b in self.bands]  # fresh, bypassing every memo
-        if self._extents is not None and self._extents[0] == self.epoch.value and self._extents[1] != now:
+        now = tuple(b.extent() for b in self.bands)  # fresh, bypassing every memo
+        after = tuple(after_urgent_flush(e) for e in now)
+        memo = self._extents
+        if memo is not None and memo[0] == self.epoch.value and (
+                memo[1] != now or memo[2] not in (None, after)):
             out.append("[chain] stale extents memo")
         for key, (epoch, value) in list(self._memo.items()):
             if epoch != self.epoch.value:
                 continue
-            ext = [after_urgent_flush(e) for e in now] if key[2] else now
+            ext = after if key[2] else now
             if key[0] == "ladder":
                 fresh = self.ladder_pages(key[1], 0)
             elif key[0] == "joint":

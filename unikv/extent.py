@@ -27,6 +27,12 @@ class Kind(enum.Enum):
     BUDGET = "budget"  # no geometry, a share of one byte budget (oracle)
 
 
+# The members as module constants: on CPython 3.11 `Kind.UP` costs an
+# attribute lookup through the enum's metaclass (~0.1 µs), and the capacity
+# arithmetic tests kinds in its inner loops.
+UP, DOWN, FLOAT, REGION, BUDGET = Kind.UP, Kind.DOWN, Kind.FLOAT, Kind.REGION, Kind.BUDGET
+
+
 class Extent(NamedTuple):
     """One band's state as the capacity arithmetic sees it.
 
@@ -56,9 +62,7 @@ class Extent(NamedTuple):
     @property
     def transparent(self) -> bool:
         """Occupies no bytes that a neighbour's walk must respect."""
-        if self.kind is Kind.BUDGET:
-            return True
-        return self.kind is Kind.FLOAT and self.live == 0
+        return self.kind is BUDGET or (self.kind is FLOAT and self.live == 0)
 
     @property
     def low_byte(self) -> int:
@@ -108,14 +112,14 @@ def float_gaps(chain: Sequence[Extent], i: int, total_bytes: int) -> tuple[int, 
 def extension_room(chain: Sequence[Extent], i: int, total_bytes: int) -> int:
     """Most fresh pages one take on band `i` can add beyond its holes."""
     e = chain[i]
-    if e.kind is Kind.UP:
+    if e.kind is UP:
         return max(0, min(e.num_pages, bound_above(chain, i, total_bytes) // e.page_bytes) - e.high)
-    if e.kind is Kind.DOWN:
+    if e.kind is DOWN:
         floor = max(e.min_page, -(-bound_below(chain, i) // e.page_bytes))
         return max(0, e.low - floor)
-    if e.kind is Kind.FLOAT:
+    if e.kind is FLOAT:
         return max(float_gaps(chain, i, total_bytes))
-    if e.kind is Kind.REGION:
+    if e.kind is REGION:
         return e.cap - e.high
     free = e.cap - sum(x.live * x.page_bytes for x in chain)
     # The budget is shared, but a band still has only its own page grid.
@@ -136,11 +140,11 @@ def take(chain: Sequence[Extent], i: int, n: int, total_bytes: int) -> Optional[
     if ext:
         if ext > extension_room(chain, i, total_bytes):
             return None
-        if e.kind is Kind.UP or e.kind is Kind.REGION:
+        if e.kind is UP or e.kind is REGION:
             high += ext
-        elif e.kind is Kind.DOWN:
+        elif e.kind is DOWN:
             low -= ext
-        elif e.kind is Kind.FLOAT:
+        elif e.kind is FLOAT:
             low, high = _float_extend(chain, i, ext, total_bytes)
     # Positional construction: NamedTuple._replace is several times slower,
     # and the capacity search calls this in its inner loop.
@@ -197,39 +201,67 @@ def joint_pages(
     Feasibility is monotone in `n` (every band's fresh-page need grows with
     `n` and its room only shrinks as earlier bands extend), so a search over
     `take_all` is exact. It gallops out from `hint` (e.g. the previous
-    answer, which moves little between calls) before bisecting.
+    answer, which moves little between calls) before bisecting. The common
+    chains have a closed form instead (`facing_pair_pages`,
+    `budget_pages`; tests hold them equal to the search).
     """
     if not order:
         return 0
+    closed = facing_pair_pages(chain, order)
+    if closed is None:
+        closed = budget_pages(chain, order)
+    if closed is not None:
+        return closed
     hi = min(chain[i].holes + extension_room(chain, i, total_bytes) for i in order)
-    if len(order) == 1 or all(chain[i].kind is Kind.REGION for i in order):
+    if len(order) == 1 or all(chain[i].kind is REGION for i in order):
         return hi  # independent bands: each one's own room is the answer
-    fits = _facing_pair(chain, order) or (
-        lambda n: take_all(chain, order, n, total_bytes) is not None)
-    return search(fits, hi, hint)
+    return search(lambda n: take_all(chain, order, n, total_bytes) is not None, hi, hint)
 
 
-def _facing_pair(chain: Sequence[Extent], order: Sequence[int]):
-    """The joint predicate of an UP band and a DOWN band that face each other
-    (only transparent bands between), in integer arithmetic: the same answer
-    as `take_all` for that chain, without building extents."""
+def facing_pair_pages(chain: Sequence[Extent], order: Sequence[int]) -> Optional[int]:
+    """`joint_pages` of an UP band and a DOWN band that face each other
+    (only transparent bands between, the UP band taken first), in closed
+    form; None for any other `order`.
+
+    Each band takes its holes first. Within both hole counts only each
+    band's own room limits `n`; past both, every page extends both
+    frontiers toward each other, and they meet where
+    `(down.low + down.holes - n) * down_bytes >= (up.high - up.holes + n) * up_bytes`
+    stops holding (the DOWN floor is the UP frontier rounded up to a DOWN
+    page, so the byte inequality is exact).
+    """
     if len(order) != 2:
         return None
-    u, d = (chain[order[0]], chain[order[1]])
-    if u.kind is not Kind.UP or d.kind is not Kind.DOWN or order[0] > order[1]:
+    i, j = order
+    u, d = chain[i], chain[j]
+    if u.kind is not UP or d.kind is not DOWN or i > j:
         return None
-    if any(not chain[j].transparent for j in range(order[0] + 1, order[1])):
-        return None
+    for k in range(i + 1, j):
+        if not chain[k].transparent:
+            return None
+    pu, pd = u.page_bytes, d.page_bytes
+    room_u = max(0, min(u.num_pages, d.low * pd // pu) - u.high)
+    room_d = max(0, d.low - max(d.min_page, -(-u.high * pu // pd)))
+    hi = min(u.holes + room_u, d.holes + room_d)
+    meet = ((d.low + d.holes) * pd - (u.high - u.holes) * pu) // (pu + pd)
+    return min(hi, max(u.holes, d.holes, meet))
 
-    def fits(n: int) -> bool:
-        ext_u, ext_d = max(0, n - u.holes), max(0, n - d.holes)
-        high_u = u.high + ext_u
-        if ext_u and (high_u > u.num_pages or high_u * u.page_bytes > d.low * d.page_bytes):
-            return False
-        floor_d = max(d.min_page, -(-high_u * u.page_bytes // d.page_bytes))
-        return not ext_d or d.low - ext_d >= floor_d
 
-    return fits
+def budget_pages(chain: Sequence[Extent], order: Sequence[int]) -> Optional[int]:
+    """`joint_pages` when every band of `order` draws on the byte budget,
+    in closed form (None otherwise): `n` pages of each cost `n` times the
+    sum of their page bytes, and each band keeps its own page grid."""
+    bytes_per_n = 0
+    grid = None
+    for i in order:
+        e = chain[i]
+        if e.kind is not BUDGET:
+            return None
+        bytes_per_n += e.page_bytes
+        room = e.num_pages - e.min_page - e.live
+        grid = room if grid is None else min(grid, room)
+    free = chain[order[0]].cap - sum(x.live * x.page_bytes for x in chain)
+    return max(0, min(free // bytes_per_n, grid))
 
 
 def search(fits, hi: int, hint: int) -> int:
@@ -257,27 +289,32 @@ def search(fits, hi: int, hint: int) -> int:
 
 def after_urgent_flush(e: Extent) -> Extent:
     """An END band's extent once an urgent flush packed it (holes reclaimed)."""
-    if e.kind is Kind.UP:
-        return e._replace(high=e.high - e.holes, holes=0)
-    if e.kind is Kind.DOWN:
-        return e._replace(low=e.low + e.holes, holes=0)
-    return e
+    if not e.holes or (e.kind is not UP and e.kind is not DOWN):
+        return e
+    low, high = (e.low, e.high - e.holes) if e.kind is UP else (e.low + e.holes, e.high)
+    return Extent(e.kind, e.page_bytes, e.min_page, e.num_pages, low, high, 0, e.live, e.cap)
 
 
 def chain_gap_bytes(chain: Sequence[Extent], sink_bytes: int, total_bytes: int) -> int:
     """Free bytes between consecutive non-transparent bands (and between a
     lone END band's frontier and the opposite buffer end). Static regions:
     the unfilled part of every region. Budget: none (only live and free)."""
-    if chain and chain[0].kind is Kind.REGION:
+    if chain and chain[0].kind is REGION:
         return sum((e.cap - e.high) * e.page_bytes for e in chain)
-    ranges = [(e.low_byte, e.high_byte) for e in chain if not e.transparent]
-    if not ranges:
+    gap = 0
+    top = None  # high byte of the previous non-transparent band
+    for e in chain:
+        if e.kind is BUDGET or (e.kind is FLOAT and e.live == 0):
+            continue  # transparent
+        if top is None:  # the first: from the sink, unless the chain starts UP
+            top = e.low * e.page_bytes if chain[0].kind is UP else sink_bytes
+        gap += max(0, e.low * e.page_bytes - top)
+        top = e.high * e.page_bytes
+    if top is None:
         return 0
-    if chain[0].kind is not Kind.UP:
-        ranges.insert(0, (sink_bytes, sink_bytes))
-    if chain[-1].kind is not Kind.DOWN:
-        ranges.append((total_bytes, total_bytes))
-    return sum(max(0, b[0] - a[1]) for a, b in zip(ranges, ranges[1:]))
+    if chain[-1].kind is not DOWN:
+        gap += max(0, total_bytes - top)
+    return gap
 
 
 # -- float relocation plans (pure: the float band applies them) --

@@ -30,20 +30,18 @@ class Tracked:
     """A capacity-bearing attribute: every assignment bumps `obj.epoch`.
 
     Values must be rebound, never mutated in place, so no mutation can slip
-    past the memo invalidation.
+    past the memo invalidation. Only assignment goes through the
+    descriptor: it defines no `__get__`, so reads find the value in the
+    instance dict under the same name, at plain attribute speed (the
+    allocator reads these far more often than it writes them).
     """
 
     def __set_name__(self, owner, name: str) -> None:
-        self._slot = "_" + name
-
-    def __get__(self, obj, objtype=None):
-        if obj is None:
-            return self
-        return getattr(obj, self._slot)
+        self._name = name
 
     def __set__(self, obj, value) -> None:
-        setattr(obj, self._slot, value)
-        obj.epoch.bump()
+        obj.__dict__[self._name] = value
+        obj.epoch.value += 1
 
 
 class Hazards:
@@ -87,4 +85,6 @@ class Hazards:
         """
         if self.pending_event() is None or name not in self.writes:
             return set()
-        return {p for p in v2p[self.writes[name]].tolist() if p >= 0}
+        pages = set(v2p[self.writes[name]].tolist())
+        pages.discard(-1)  # unbound
+        return pages

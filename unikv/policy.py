@@ -49,8 +49,11 @@ def flush_chain(chain: Chain, urgent: bool, order: Sequence[int]) -> int:
     """Flush every END band, then let the float absorb its boundary holes
     unless that lowers the joint room of the coupled bands `order` (so a
     flush never shrinks `available_size()`); returns page moves."""
-    moves = sum(b.flush(urgent) for b in chain.bands if b.kind is not Kind.FLOAT)
     f = chain.float_index()
+    moves = 0
+    for i, b in enumerate(chain.bands):
+        if i != f:
+            moves += b.flush(urgent)
     if f is None:
         return moves
     plan = chain.bands[f].plan_absorb()

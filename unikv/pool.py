@@ -89,8 +89,8 @@ class UnifiedPool:
         self.chain.bands = list(self.bands.values())
         self.token_names = [b.name for b in layout.token_bands]
         # Alloc order: END bands first, the float last (it can pick a side).
-        self.token_order = sorted((self.bands[n].index for n in self.token_names),
-                                  key=lambda i: self.chain.bands[i].kind is Kind.FLOAT)
+        self.token_order = tuple(sorted((self.bands[n].index for n in self.token_names),
+                                        key=lambda i: self.chain.bands[i].kind is Kind.FLOAT))
         self.vids = IdSpace(token_vspace, len(self.token_names))
         self.state_ids = {b.name: IdSpace(layout.geometry(b.name).usable_pages + 1, 1)
                           for b in layout.state_bands}
@@ -420,9 +420,22 @@ class UnifiedPool:
         self.counters.settles = self.hazards.settles
         return self.counters.as_dict()
 
+    def usage(self) -> tuple[int, int, tuple[tuple[int, int, int, int, int, int], ...]]:
+        """The byte accounting of `occupancy()` as flat tuples, cheap enough
+        to sample every engine step.
+
+        Returns:
+            `(free_bytes, gap_bytes, bands)`: free = total - sink - live
+            bytes; gap = free bytes between the bands' frontiers; `bands`
+            has one `(live_bytes, hole_bytes, pending_bytes, occupied_bytes,
+            low_byte, high_byte)` per band in chain order (`layout.names`).
+            A transparent float or an oracle band reports low = high = 0.
+        """
+        return views.usage(self)
+
     def occupancy(self) -> dict:
         """Bytes per band (live / holes / pending / occupied, frontiers) and
-        the chain's gap and free bytes."""
+        the chain's gap and free bytes, as nested dicts (see `usage`)."""
         return views.occupancy(self)
 
     def buffer_view(self, band: str) -> torch.Tensor:

@@ -4,42 +4,62 @@ from __future__ import annotations
 
 import numpy as np
 
-from unikv.extent import Kind
+from unikv.extent import BUDGET, FLOAT, REGION
 from unikv.layout import Unit
 
 
-def occupancy(pool) -> dict:
-    """Per band: frontiers and live / hole / pending / occupied bytes; plus
-    the chain's gap bytes and the free bytes (total - sink - live)."""
-    bands = {}
+BandUsage = tuple[int, int, int, int, int, int]  # live, hole, pending, occupied, low, high bytes
+
+
+def usage(pool) -> tuple[int, int, tuple[BandUsage, ...]]:
+    """`(free_bytes, gap_bytes, bands)`: the buffer's free bytes (total -
+    sink - live), the chain's gap bytes, and per band in chain order
+    `(live_bytes, hole_bytes, pending_bytes, occupied_bytes, low_byte,
+    high_byte)`. A transparent float or a budget band occupies no bytes
+    (low = high = 0); a static region occupies its whole region."""
+    chain = pool.chain
+    bands = []
     live_total = 0
-    for b, e in zip(pool.chain.bands, pool.chain.extents()):
-        pb = e.page_bytes
-        pending = b.pending_pages()
-        if e.kind is Kind.BUDGET or e.transparent:
+    for b, e in zip(chain.bands, chain.extents()):
+        pb, kind = e.page_bytes, e.kind
+        live = e.live * pb
+        live_total += live
+        if kind is BUDGET or (kind is FLOAT and not live):  # transparent
             low = high = 0
         else:
-            low, high = e.low_byte, (e.cap if e.kind is Kind.REGION else e.high) * pb
-        live_total += e.live * pb
-        bands[b.name] = {
+            low, high = e.low * pb, (e.cap if kind is REGION else e.high) * pb
+        bands.append((live, e.holes * pb, b.pending_pages() * pb, high - low, low, high))
+    layout = pool.layout
+    return layout.total_bytes - layout.sink_bytes - live_total, chain.gap_bytes(), tuple(bands)
+
+
+def occupancy(pool) -> dict:
+    """`usage` as nested dicts keyed by band name, with page counts and
+    transparency beside the bytes; plus the buffer's total and sink bytes."""
+    free, gap, bands = usage(pool)
+    out = {}
+    for b, e, (live, holes, pending, occupied, low, high) in zip(
+            pool.chain.bands, pool.chain.extents(), bands):
+        pb = e.page_bytes
+        out[b.name] = {
             "low_byte": low,
             "high_byte": high,
-            "occupied_bytes": high - low,
-            "live_pages": e.live,
-            "hole_pages": e.holes,
-            "pending_pages": pending,
-            "live_bytes": e.live * pb,
-            "hole_bytes": e.holes * pb,
-            "pending_bytes": pending * pb,
+            "occupied_bytes": occupied,
+            "live_pages": live // pb,
+            "hole_pages": holes // pb,
+            "pending_pages": pending // pb,
+            "live_bytes": live,
+            "hole_bytes": holes,
+            "pending_bytes": pending,
             "transparent": e.transparent,
         }
     layout = pool.layout
     return {
         "total_bytes": layout.total_bytes,
         "sink_bytes": layout.sink_bytes,
-        "gap_bytes": pool.chain.gap_bytes(),
-        "free_bytes": layout.total_bytes - layout.sink_bytes - live_total,
-        "bands": bands,
+        "gap_bytes": gap,
+        "free_bytes": free,
+        "bands": out,
     }
 
 

@@ -65,25 +65,72 @@ def test_gap_bytes():
     assert chain_gap_bytes(lone, 100, 1000) == 600
 
 
-def test_fast_paths_agree_with_the_general_search():
-    import random
-
+def _general_joint_pages(chain, order, total):
+    """The monotone search over `take_all` that the closed forms replace."""
     from unikv.extent import extension_room, search, take_all
 
+    hi = min(chain[i].holes + extension_room(chain, i, total) for i in order)
+    return search(lambda n: take_all(chain, order, n, total) is not None, hi, 0)
+
+
+def test_facing_pair_closed_form_equals_the_general_search():
+    import random
+
+    from unikv.extent import facing_pair_pages
+
     rng = random.Random(7)
-    for _ in range(400):
-        pu, pd = rng.choice([100, 300, 1000]), rng.choice([100, 200, 700])
-        nu, nd = TOTAL // pu, TOTAL // pd
-        high = rng.randrange(1, nu)
-        low = rng.randrange(max(1, -(-high * pu // pd)), nd + 1)
-        u = Extent(Kind.UP, pu, 1, nu, 1, high, rng.randrange(0, high), 0)
-        d = Extent(Kind.DOWN, pd, 1, nd, low, nd, rng.randrange(0, nd - low + 1), 0)
-        middle = [flt(0, 0)] if rng.random() < 0.5 else []
+    for _ in range(3000):
+        total = rng.randrange(2_000, 20_000)
+        pu, pd = rng.choice([100, 300, 1000, 64, 96]), rng.choice([100, 200, 700, 64, 48])
+        nu, nd = total // pu, total // pd
+        mu, md = rng.randrange(1, 4), rng.randrange(1, 4)
+        if nu <= mu + 1 or nd <= md + 1:
+            continue
+        high = rng.randrange(mu, nu + 1)
+        floor = max(md, -(-high * pu // pd))
+        if floor > nd:
+            continue
+        low = rng.randrange(floor, nd + 1)
+        u_holes = rng.randrange(0, high - mu + 1)
+        d_holes = rng.randrange(0, nd - low + 1)
+        u = Extent(Kind.UP, pu, mu, nu, mu, high, u_holes, high - mu - u_holes)
+        d = Extent(Kind.DOWN, pd, md, nd, low, nd, d_holes, nd - low - d_holes)
+        middle = [Extent(Kind.FLOAT, 50, 1, total // 50, 0, 0, 0, 0)] * rng.randrange(0, 3)
         chain = [u, *middle, d]
         order = [0, len(chain) - 1]
-        hi = min(chain[i].holes + extension_room(chain, i, TOTAL) for i in order)
-        general = search(lambda n: take_all(chain, order, n, TOTAL) is not None, hi, 0)
-        assert joint_pages(chain, order, TOTAL, hint=rng.randrange(0, 50)) == general
+        expected = _general_joint_pages(chain, order, total)
+        assert facing_pair_pages(chain, order) == expected, (chain, expected)
+        assert joint_pages(chain, order, total, hint=rng.randrange(0, 50)) == expected
+    # other shapes are not its business: the search answers them
+    assert facing_pair_pages([up(3), flt(40, 50), down(40)], [0, 2]) is None
+    assert facing_pair_pages([up(3), down(40)], [1, 0]) is None
+    assert facing_pair_pages([up(3), flt(0, 0), down(40)], [0, 1, 2]) is None
+
+
+def test_budget_closed_form_equals_the_general_search():
+    import random
+
+    from unikv.extent import budget_pages
+
+    rng = random.Random(11)
+    for _ in range(2000):
+        total = rng.randrange(1_000, 50_000)
+        cap = total - rng.randrange(0, 500)
+        bands = []
+        for _ in range(rng.randrange(1, 4)):
+            pb = rng.choice([16, 48, 100, 300, 1000])
+            num = total // pb
+            mp = rng.randrange(1, 3)
+            if num <= mp:  # a layout holds at least one page past the sink
+                continue
+            live = rng.randrange(0, max(1, (num - mp) // rng.choice([1, 2, 4])))
+            bands.append(Extent(Kind.BUDGET, pb, mp, num, 0, 0, 0, live, cap))
+        if not bands:
+            continue
+        order = rng.sample(range(len(bands)), rng.randrange(1, len(bands) + 1))
+        expected = _general_joint_pages(bands, order, total)
+        assert budget_pages(bands, order) == expected, (bands, order, expected)
+    assert budget_pages([up(3), down(40)], [0, 1]) is None
 
 
 # -- float relocation plans --

@@ -225,3 +225,27 @@ def test_id_space_refuses_more_ids_than_it_has():
     with pytest.raises(RuntimeError, match="internal"):
         space.take(4)
     assert space.free_count == 3
+
+
+@pytest.mark.parametrize("kind", ["unified", "static", "oracle"])
+@pytest.mark.parametrize("chain", ["full|swa", "mamba|swa|full"])
+def test_usage_agrees_with_occupancy_on_random_states(kind, chain):
+    """`usage()` (the simulator's per-step view) reports exactly what
+    `occupancy()` does, in chain order, through a random op mix."""
+    import random
+
+    from unikv import OraclePool, StaticPartitionPool
+    from unikv.testing import Driver, make_layout
+
+    layout = make_layout(chain, 2, 300)
+    p = {"unified": lambda: UnifiedPool(layout, backend=SimBackend(materialize=True)),
+         "static": lambda: StaticPartitionPool(layout, backend=SimBackend(materialize=True)),
+         "oracle": lambda: OraclePool(layout)}[kind]()
+    driver = Driver(p, random.Random(5), check_overlap=kind != "oracle")
+    keys = ("live_bytes", "hole_bytes", "pending_bytes", "occupied_bytes", "low_byte", "high_byte")
+    for _ in range(300):
+        driver.step()
+        occ = p.occupancy()
+        free, gap, bands = p.usage()
+        assert (free, gap) == (occ["free_bytes"], occ["gap_bytes"])
+        assert bands == tuple(tuple(occ["bands"][n][k] for k in keys) for n in layout.names)

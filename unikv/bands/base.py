@@ -85,11 +85,14 @@ class BandAllocator:
         """Move from extent `old` (the current one) to `new`, a take the
         chain arithmetic planned; return the physical pages it adds."""
         drain = old.holes - new.holes
-        drained, self.holes = self.holes[:drain], self.holes[drain:]
+        drained = self.holes[:drain]
+        if drain:  # else keep the very array (an END band memoises on it)
+            self.holes = self.holes[drain:]
         self.apply_extent(new)
         if new.live - old.live == drain:
             return drained
-        return np.concatenate([drained, self.fresh_pages(old, new)])
+        fresh = self.fresh_pages(old, new)
+        return np.concatenate([drained, fresh]) if drain else fresh
 
     def apply_extent(self, new: Extent) -> None:
         """Adopt the frontier and live count of `new` after a take."""
@@ -123,7 +126,7 @@ class BandAllocator:
     def total_bytes(self) -> int:
         return self.ctx.chain.total_bytes
 
-    def chain_extents(self) -> list[Extent]:
+    def chain_extents(self) -> tuple[Extent, ...]:
         return self.ctx.chain.extents()
 
     def bind(self, v_pages: np.ndarray, p_pages: np.ndarray) -> None:

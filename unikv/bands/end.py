@@ -37,6 +37,11 @@ class EndBand(BandAllocator):
         # [(event, page list)], oldest first.
         self.pending: list[tuple[object, list[int]]] = []
         self.pending_set: set[int] = set()
+        # The hole array the last absorb left, its pages ascending and as a
+        # set: while `holes` is still that array, it is sorted and touches no
+        # frontier (allocs drain holes by rebinding the array and extend with
+        # live pages), so a flush needs no second sort and absorb.
+        self._absorbed: tuple[np.ndarray, list[int], set[int]] = (EMPTY, [], set())
 
     def _reset_frontier(self) -> None:
         self.watermark = self.geom.min_page if self.up else self.geom.num_pages
@@ -111,20 +116,22 @@ class EndBand(BandAllocator):
         if not self.pending and len(self.holes) == 0:
             return 0  # nothing freed since the last flush
         self._drain_pending(urgent)
-        holes = self._absorb(sorted(self.holes.tolist()))
+        holes = self._absorbed_holes()
         if not holes:
             return 0
         if urgent:
             self.ctx.hazards.settle()
-            srcs, dsts = self._plan_pack(holes, cap=None, blocked=set())
+            srcs, dsts = self._plan_pack(cap=None, blocked=set())
         else:
             blocked = self.ctx.hazards.written_pages(self.name, self.v2p)
-            srcs, dsts = self._plan_pack(holes, cap=self.ctx.move_cap, blocked=blocked)
+            srcs, dsts = self._plan_pack(cap=self.ctx.move_cap, blocked=blocked)
+        if not srcs:
+            return 0  # nothing moved: the hole list stays as absorbed
         self.move(srcs, dsts)
         moved_to = set(dsts)
         left = [h for h in holes if h not in moved_to]
         reader = None if urgent else self.ctx.hazards.pending_event()
-        if reader is not None and srcs:
+        if reader is not None:
             self.pending.append((reader, srcs))
             self.pending_set.update(srcs)
             self.counters.pending_peak = max(self.counters.pending_peak, len(self.pending_set))
@@ -148,9 +155,22 @@ class EndBand(BandAllocator):
         if ready:
             self.holes = np.concatenate([self.holes, np.asarray(ready, dtype=np.int64)])
 
+    def _absorbed_holes(self) -> list[int]:
+        """The holes ascending, frontier holes absorbed first (skipped while
+        the hole list is the one the last absorb left)."""
+        array, ascending, _ = self._absorbed
+        if array is self.holes:
+            return ascending
+        return self._absorb(sorted(self.holes.tolist()))
+
     def _absorb(self, holes: list[int]) -> list[int]:
         """Retreat the watermark past holes touching it; keep the rest as the
-        hole list (deepest first) and return them ascending."""
+        hole list (deepest first) and return them ascending.
+
+        `holes` are distinct and ascending. The hole array is rebuilt only
+        when its pages or their order change (an alloc drains from the deep
+        end, which keeps it in order).
+        """
         hole_set = set(holes)
         wm = self.watermark
         if self.up:
@@ -161,18 +181,24 @@ class EndBand(BandAllocator):
             while wm in hole_set:
                 hole_set.discard(wm)
                 wm += 1
-        self.counters.absorbed_pages += abs(wm - self.watermark)
-        self.watermark = wm
-        rest = sorted(hole_set)
-        self.holes = np.asarray(rest if self.up else rest[::-1], dtype=np.int64)
-        return rest
+        absorbed = abs(wm - self.watermark)
+        if absorbed:  # the absorbed pages are the frontier end of `holes`
+            self.counters.absorbed_pages += absorbed
+            self.watermark = wm
+            holes = holes[:len(holes) - absorbed] if self.up else holes[absorbed:]
+        stored = holes if self.up else holes[::-1]
+        if absorbed or self.holes.tolist() != stored:
+            self.holes = np.asarray(stored, dtype=np.int64)
+        self._absorbed = (self.holes, holes, hole_set)
+        return holes
 
-    def _plan_pack(self, holes: list[int], cap: Optional[int], blocked: set[int]):
-        """Pair the outermost survivors with the deepest holes until the two
-        walks cross (the band is then dense below its frontier)."""
-        hole_set = set(holes)
-        skip = hole_set | self.pending_set
-        deep = iter(holes if self.up else holes[::-1])
+    def _plan_pack(self, cap: Optional[int], blocked: set[int]):
+        """Pair the outermost survivors with the deepest holes (those the
+        last absorb left) until the two walks cross (the band is then dense
+        below its frontier)."""
+        _, holes, hole_set = self._absorbed
+        skip = hole_set | self.pending_set if self.pending_set else hole_set
+        deep = iter(holes) if self.up else reversed(holes)
         low, high = self.span()
         outer = range(high - 1, low - 1, -1) if self.up else range(low, high)
         survivors = (p for p in outer if p not in skip)
