@@ -204,3 +204,38 @@ def _model_figure(model: ModelSpec, name: str, override: int | None) -> float:
         raise ValueError(f"model {model.name!r} has {name}={value!r}; pass {name}=... "
                          "(or load a bundled model that has it)")
     return value
+
+
+class EngineStepCost:
+    """`step_time_s` of one model on one accelerator, as the engine calls it
+    every step: `(prefill_tokens, decode_tokens, kv_bytes_read, moved_bytes)
+    -> seconds`. The same arithmetic as `step_cost`, with the coefficients
+    looked up once (the engine's counts are non-negative integers by
+    construction, so the per-call argument checks are skipped)."""
+
+    def __init__(self, model: ModelSpec, hw: HardwareSpec) -> None:
+        self.model, self.hw = model, hw
+        self._flops = hw.peak_flops * hw.mfu
+        self._hbm = hw.hbm_bytes_per_s * hw.mbu
+        try:
+            self._active = _model_figure(model, "params_active", None)
+            self._weights = _model_figure(model, "weight_bytes", None)
+            self._missing = None
+        except ValueError as exc:  # raised by the first step that runs a forward, as step_cost does
+            self._missing = exc
+
+    def __call__(self, prefill_tokens: int, decode_tokens: int, kv_bytes_read: int,
+                 moved_bytes: int) -> float:
+        move_s = 2 * moved_bytes / self.hw.move_bytes_per_s
+        tokens = prefill_tokens + decode_tokens
+        if tokens == 0:
+            return move_s
+        if self._missing is not None:
+            raise self._missing
+        compute_s = 2 * self._active * tokens / self._flops
+        hbm_s = (self._weights + kv_bytes_read) / self._hbm
+        return self.hw.step_overhead_s + max(compute_s, hbm_s) + move_s
+
+    def move_time_s(self, moved_bytes: int) -> float:
+        return 2 * moved_bytes / self.hw.move_bytes_per_s
+

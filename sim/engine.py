@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import simpy
 
 from sim.memory import Memory, int64_ids
-from sim.recorder import BAND_COLUMNS, Recorder
+from sim.recorder import Recorder
 from sim.request import Request
 
 
@@ -63,14 +63,14 @@ class Simulation:
         self.progress = progress
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.recorder = Recorder(self.pool.bands)
-        self.token_entry_bytes = memory.token_entry_bytes
+        self.recorder = Recorder(self.pool.bands, token_entry_bytes=memory.token_entry_bytes,
+                                 move_time_s=getattr(step_cost, "move_time_s", lambda moved: 0.0 * moved),
+                                 is_oracle=is_oracle)
         self._band_counters = tuple(self.pool.counters.bands.values())
-        self._move_time_s = getattr(step_cost, "move_time_s", lambda moved: 0.0)
         self.arrived = self.done = self.steps = 0
         self.violations: list[str] = []
         self._wake: Optional[simpy.Event] = None
-        self._view: Optional[tuple] = None
+        self._view: Optional[tuple] = None  # (epoch, pool scalars, band values) of the last row
         self._moved_mark = 0
         self._counts = dict(admitted=0, finished=0, retracted=0, rejected=0)
 
@@ -103,11 +103,16 @@ class Simulation:
                 self._wake = self.env.event()
                 yield self._wake
                 continue
-            yield from self._step()
+            event, step = self._launch_step()
+            yield self.env.timeout(step[0])
+            event.fire()
+            self._end_step(*step)
 
     # -- one step --
 
-    def _step(self):
+    def _launch_step(self):
+        """Allocate and launch one forward; returns its event and what
+        `_end_step` needs once the step's time has passed."""
         # Bytes moved since the last step's accounting: moves made while
         # finishing requests after a forward are charged to the next step.
         moved0 = self._moved_mark
@@ -117,11 +122,11 @@ class Simulation:
         decode = self._decode_batch([r for r in self.running
                                      if r.generated and r.prefilled == r.prefill_target])
         prefill = self._continue_prefills()
-        prefill_tokens = sum(c for _, c in prefill)
+        prefill_tokens = sum([c for _, c in prefill]) if prefill else 0
         admitted = self._admit(self.prefill_budget - prefill_tokens)
         if admitted:
             prefill += admitted
-            prefill_tokens += sum(c for _, c in admitted)
+            prefill_tokens += sum([c for _, c in admitted])
         if self._counts["retracted"] != retracted0:  # some decoders may have left
             running = set(self.running)
             decode = [r for r in decode if r in running]
@@ -132,8 +137,10 @@ class Simulation:
         moved = self._moved_bytes() - moved0
         self._moved_mark = moved0 + moved
         dt = self.step_cost(prefill_tokens, len(decode), self.kv_bytes(batch), moved)
-        yield self.env.timeout(dt)
-        event.fire()
+        return event, (dt, prefill, decode, prefill_tokens, moved)
+
+    def _end_step(self, dt, prefill, decode, prefill_tokens, moved) -> None:
+        """The forward is done: finish requests, ratchet, record the step."""
         self._complete(prefill, decode)
         self.steps += 1
         self.reserve_ratio = max(self.reserve[1], self.reserve_ratio - self.reserve[2])
@@ -247,7 +254,8 @@ class Simulation:
         """Declare the forward: its event, the pages it writes, the states."""
         ps = self.ps
         # last_loc of each decoder (seq >= 1): the slot of position seq - 1
-        reps = [r.pages[(r.seq - 1) // ps] * ps + (r.seq - 1) % ps for r in decode]
+        # (on its tail page: a request's pages cover exactly [0, seq))
+        reps = [r.pages[-1] * ps + (r.seq - 1) % ps for r in decode]
         for r, chunk in prefill:
             first, last = (r.seq - chunk) // ps, (r.seq - 1) // ps
             reps.extend(p * ps for p in r.pages[first: last + 1])
@@ -284,44 +292,25 @@ class Simulation:
     # -- observation --
 
     def _moved_bytes(self) -> int:
-        return sum(c.moved_bytes for c in self._band_counters)
-
-    def _pool_view(self) -> tuple[dict, int]:
-        """Occupancy and available tokens, recomputed only after a change."""
-        epoch = self.pool.epoch.value
-        if self._view is None or self._view[0] != epoch:
-            self._view = (epoch, self.pool.occupancy(), self.pool.available_size())
-        return self._view[1], self._view[2]
+        return sum([c.moved_bytes for c in self._band_counters])
 
     def _record(self, dt: float, prefill_tokens: int, decode_tokens: int, moved: int) -> None:
-        """One step row, in `Recorder.columns` order (STEP_COLUMNS, then the bands')."""
-        occ, avail = self._pool_view()
-        bands = [occ["bands"][name] for name in self.recorder.band_names]
-        live = holes = pending = occupied = 0
-        for b in bands:
-            live += b["live_bytes"]
-            holes += b["hole_bytes"]
-            pending += b["pending_bytes"]
-            occupied += b["occupied_bytes"]
-        free = occ["free_bytes"]
-        usable = avail * self.token_entry_bytes
+        """One step's raw counters, in `Recorder.raw_columns` order (the
+        recorder derives the totals and ratios)."""
+        epoch = self.pool.epoch.value
+        if self._view is None or self._view[0] != epoch:  # pool state changed since the last row
+            free, gap, bands = self.pool.usage()
+            self._view = (epoch, (self.pool.available_size(), free, gap), sum(bands, ()))
         running = self.running
         slots = sum([len(r.pages) for r in running]) * self.ps
-        slack = slots - sum([r.seq for r in running])
-        move_time = self._move_time_s(moved)
         counts = self._counts
-        row = (
+        self.recorder.step((
             self.steps, self.env.now, dt, len(running), len(self.waiting), prefill_tokens,
             decode_tokens, counts["admitted"], counts["finished"], counts["retracted"],
             counts["rejected"], self.mem.evictions, self.mem.cache.pages if self.mem.cache else 0,
-            avail, free, occ["gap_bytes"], live, holes, pending, occupied,
-            holes / occupied if occupied else 0.0,
-            0.0 if self.is_oracle or free <= 0 else max(0.0, 1 - usable / free),
-            slack, slots, slack / slots if slots else 0.0,
-            sum(c.moves for c in self._band_counters), moved, move_time,
-            move_time / dt if dt else 0.0,
-        )
-        self.recorder.step(row + tuple([b[c] for b in bands for c in BAND_COLUMNS]))
+            *self._view[1], slots - sum([r.seq for r in running]), slots,
+            sum([c.moves for c in self._band_counters]), moved, *self._view[2],
+        ))
 
     def _check(self) -> None:
         problems = self.pool.verify() + self.mem.check(self.running)

@@ -1,10 +1,19 @@
-"""Metric rows appended through hooks; columns declared once (METRICS.md)."""
+"""Metric rows appended through hooks; columns declared once (METRICS.md).
+
+The engine appends one row of raw counters per step (`RAW_COLUMNS`, then
+each band's `BAND_COLUMNS`); the chain totals and the ratios
+(`DERIVED_COLUMNS`) are computed once over the whole table when it is read,
+with the same arithmetic a per-step computation would use.
+"""
 
 from __future__ import annotations
 
+from typing import Callable
+
+import numpy as np
 import pandas as pd
 
-# Chain-wide step columns; per-band columns are added from the layout.
+# Chain-wide step columns, in table order; per-band columns are added from the layout.
 STEP_COLUMNS = (
     "step", "t_s", "step_time_s", "running", "waiting", "prefill_tokens", "decode_tokens",
     "admitted", "finished", "retracted", "rejected", "evicted_nodes", "cache_pages",
@@ -14,6 +23,14 @@ STEP_COLUMNS = (
     "moves", "moved_bytes", "move_time_s", "compaction_overhead",
 )
 BAND_COLUMNS = ("live_bytes", "hole_bytes", "pending_bytes", "occupied_bytes", "low_byte", "high_byte")
+# What the engine records per step; the rest of STEP_COLUMNS is derived.
+RAW_COLUMNS = (
+    "step", "t_s", "step_time_s", "running", "waiting", "prefill_tokens", "decode_tokens",
+    "admitted", "finished", "retracted", "rejected", "evicted_nodes", "cache_pages",
+    "available_tokens", "free_bytes", "gap_bytes", "slack_tokens", "allocated_token_slots",
+    "moves", "moved_bytes",
+)
+DERIVED_COLUMNS = tuple(c for c in STEP_COLUMNS if c not in RAW_COLUMNS)
 
 REQUEST_COLUMNS = (
     "rid", "arrival_s", "prompt_tokens", "output_tokens", "hit_tokens", "admitted_s",
@@ -22,19 +39,34 @@ REQUEST_COLUMNS = (
 
 
 class Recorder:
-    """Collects one row per engine step and one per request."""
+    """Collects one row per engine step and one per request.
 
-    def __init__(self, band_names) -> None:
+    Args:
+        band_names: the pool's bands, in chain order.
+        token_entry_bytes: bytes of one token of a coupled alloc (all token
+            bands): available_tokens x this is the free room the joint
+            alloc can use.
+        move_time_s: moved bytes -> seconds (the cost model's move term).
+        is_oracle: the unusable-free ratio is 0 by definition.
+    """
+
+    def __init__(self, band_names, *, token_entry_bytes: int = 0,
+                 move_time_s: Callable = lambda moved: 0.0 * moved, is_oracle: bool = False) -> None:
         self.band_names = tuple(band_names)
         self.band_columns = tuple(f"{b}_{c}" for b in self.band_names for c in BAND_COLUMNS)
         self.columns = STEP_COLUMNS + self.band_columns
+        self.raw_columns = RAW_COLUMNS + self.band_columns
+        self.token_entry_bytes = token_entry_bytes
+        self.move_time_s = move_time_s
+        self.is_oracle = is_oracle
         self._steps: list[tuple] = []
         self._requests: list[tuple] = []
 
     def step(self, row: tuple) -> None:
-        """One step's values, in `columns` order."""
-        if len(row) != len(self.columns):
-            raise ValueError(f"step row of {len(row)} values; expected {len(self.columns)} columns")
+        """One step's raw values, in `raw_columns` order."""
+        if len(row) != len(self.raw_columns):
+            raise ValueError(f"step row of {len(row)} values; expected {len(self.raw_columns)} "
+                             "raw columns")
         self._steps.append(row)
 
     def request(self, req) -> None:
@@ -50,8 +82,26 @@ class Recorder:
         ))
 
     def steps_frame(self) -> pd.DataFrame:
-        return pd.DataFrame.from_records(self._steps, columns=list(self.columns))
+        """The step table: raw counters, chain totals and ratios (METRICS.md)."""
+        df = pd.DataFrame.from_records(self._steps, columns=list(self.raw_columns))
+        for col in ("live_bytes", "hole_bytes", "pending_bytes", "occupied_bytes"):
+            parts = [df[f"{b}_{col}"] for b in self.band_names]
+            df[col] = sum(parts[1:], parts[0]) if parts else 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            df["hole_ratio"] = _ratio(df["hole_bytes"], df["occupied_bytes"])
+            free = df["free_bytes"]
+            unusable = np.maximum(0.0, 1 - (df["available_tokens"] * self.token_entry_bytes) / free)
+            df["unusable_free_ratio"] = 0.0 if self.is_oracle else np.where(free > 0, unusable, 0.0)
+            df["page_slack_ratio"] = _ratio(df["slack_tokens"], df["allocated_token_slots"])
+            df["move_time_s"] = self.move_time_s(df["moved_bytes"]).astype(float)
+            df["compaction_overhead"] = _ratio(df["move_time_s"], df["step_time_s"])
+        return df[list(self.columns)]
 
     def requests_frame(self) -> pd.DataFrame:
         df = pd.DataFrame(self._requests, columns=list(REQUEST_COLUMNS))
         return df.sort_values("rid", kind="stable").reset_index(drop=True)
+
+
+def _ratio(num: pd.Series, den: pd.Series) -> np.ndarray:
+    """num / den where den is non-zero, else 0.0 (as float64)."""
+    return np.where(den != 0, num / den, 0.0)

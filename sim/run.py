@@ -96,21 +96,6 @@ def _requests(df: pd.DataFrame) -> list[Request]:
     return out
 
 
-class EngineStepCost:
-    """Step time of the cost model for one model and hardware."""
-
-    def __init__(self, model, hw) -> None:
-        self.model, self.hw = model, hw
-
-    def __call__(self, prefill_tokens: int, decode_tokens: int, kv_bytes_read: int, moved_bytes: int) -> float:
-        return cost_model.step_time_s(self.model, self.hw, prefill_tokens=prefill_tokens,
-                                      decode_tokens=decode_tokens, kv_bytes_read=kv_bytes_read,
-                                      moved_bytes=moved_bytes)
-
-    def move_time_s(self, moved_bytes: int) -> float:
-        return 2 * moved_bytes / self.hw.move_bytes_per_s
-
-
 def _kv_reader(model, page_size: int) -> Callable[[list[Request]], int]:
     full, swa, state = model.full_token_bytes, model.swa_token_bytes, model.state_bytes
     window = model.window_tokens or 0
@@ -162,7 +147,7 @@ def _run(config, progress, trace_df, hw) -> RunResult:
                     block_tokens=int(block) if use_cache else None, meta_tokens=model.meta_tokens)
     hw = hw or cost_model.HardwareSpec.from_results(Path(__file__).resolve().parents[1] / "results" / "kernels")
     sim = Simulation(
-        reqs, memory, step_cost=EngineStepCost(model, hw), kv_bytes=_kv_reader(model, config.page_size),
+        reqs, memory, step_cost=cost_model.EngineStepCost(model, hw), kv_bytes=_kv_reader(model, config.page_size),
         max_running=config.scheduler.max_running,
         prefill_tokens_per_step=config.scheduler.prefill_tokens_per_step, max_tokens=limit,
         reserve=(config.scheduler.reserve_init, config.scheduler.reserve_min,

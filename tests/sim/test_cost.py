@@ -110,3 +110,31 @@ def test_from_results_reads_the_largest_transfer_of_the_best_impl(tmp_path):
     assert torch_hw.move_bytes_per_s == pytest.approx(1.1e12)
     pinned = HardwareSpec.from_results(tmp_path, move_bytes_per_s=2e12, mbu=0.8)
     assert (pinned.move_bytes_per_s, pinned.mbu) == (2e12, 0.8)
+
+
+def test_engine_step_cost_is_step_time_s_exactly():
+    # The engine's per-step callable skips the argument checks; its floats
+    # must be step_time_s's, bit for bit (replays stay identical).
+    import random
+
+    from sim.cost import EngineStepCost
+
+    hw = dataclasses.replace(H200, move_bytes_per_s=3.96e12)
+    engine = EngineStepCost(LLAMA, hw)
+    rng = random.Random(0)
+    for _ in range(2000):
+        args = dict(prefill_tokens=rng.choice([0, rng.randrange(1, 9000)]),
+                    decode_tokens=rng.choice([0, rng.randrange(1, 300)]),
+                    kv_bytes_read=rng.randrange(0, 10**11), moved_bytes=rng.choice([0, rng.randrange(1, 10**10)]))
+        assert engine(*args.values()) == step_time_s(LLAMA, hw, **args)
+    assert engine.move_time_s(10**9) == 2e9 / 3.96e12
+
+
+def test_engine_step_cost_names_a_missing_model_figure_at_the_first_forward():
+    from sim.cost import EngineStepCost
+
+    bare = dataclasses.replace(LLAMA, params_active=None)
+    engine = EngineStepCost(bare, H200)  # building it does not raise
+    assert engine(0, 0, 0, 10**9) == 2e9 / 4.3e12  # no forward, no figure needed
+    with pytest.raises(ValueError, match="params_active"):
+        engine(0, 1, 0, 0)

@@ -1,0 +1,43 @@
+"""sim.recorder: raw step counters in, METRICS.md columns out (by hand)."""
+
+import pytest
+
+from sim.recorder import DERIVED_COLUMNS, RAW_COLUMNS, STEP_COLUMNS, Recorder
+
+
+def raw(step, *, avail, free, gap, slack, slots, moved, dt, bands):
+    values = dict(step=step, t_s=float(step), step_time_s=dt, running=1, waiting=0, prefill_tokens=0,
+                  decode_tokens=1, admitted=1, finished=0, retracted=0, rejected=0, evicted_nodes=0,
+                  cache_pages=0, available_tokens=avail, free_bytes=free, gap_bytes=gap,
+                  slack_tokens=slack, allocated_token_slots=slots, moves=moved // 100, moved_bytes=moved)
+    return tuple(values[c] for c in RAW_COLUMNS) + tuple(v for band in bands for v in band)
+
+
+def test_derived_columns_by_hand():
+    rec = Recorder(["swa", "full"], token_entry_bytes=10, move_time_s=lambda b: 2 * b / 1e3)
+    # band tuples: live, hole, pending, occupied, low, high
+    rec.step(raw(1, avail=30, free=600, gap=100, slack=3, slots=16, moved=200, dt=2.0,
+                 bands=[(100, 50, 0, 150, 0, 150), (200, 0, 50, 250, 750, 1000)]))
+    rec.step(raw(2, avail=0, free=0, gap=0, slack=0, slots=0, moved=0, dt=0.0,
+                 bands=[(0,) * 6, (0,) * 6]))
+    df = rec.steps_frame()
+    assert list(df.columns) == list(STEP_COLUMNS) + [f"{b}_{c}" for b in ("swa", "full") for c in
+                                                     ("live_bytes", "hole_bytes", "pending_bytes",
+                                                      "occupied_bytes", "low_byte", "high_byte")]
+    first = df.iloc[0]
+    assert (first["live_bytes"], first["hole_bytes"], first["pending_bytes"], first["occupied_bytes"]) \
+        == (300, 50, 50, 400)
+    assert first["hole_ratio"] == 50 / 400
+    assert first["unusable_free_ratio"] == 1 - 300 / 600  # 30 tokens x 10 B usable of 600 free
+    assert first["page_slack_ratio"] == 3 / 16
+    assert first["move_time_s"] == 0.4 and first["compaction_overhead"] == 0.4 / 2.0
+    # empty pool, idle step: every ratio is 0, not NaN
+    assert df.iloc[1][list(DERIVED_COLUMNS)].tolist() == [0] * 4 + [0.0] * 5
+
+
+def test_oracle_has_no_unusable_free_bytes_and_rows_are_checked():
+    rec = Recorder(["full"], token_entry_bytes=10, is_oracle=True)
+    rec.step(raw(1, avail=1, free=600, gap=0, slack=0, slots=0, moved=0, dt=1.0, bands=[(0,) * 6]))
+    assert rec.steps_frame()["unusable_free_ratio"].tolist() == [0.0]
+    with pytest.raises(ValueError, match="raw columns"):
+        rec.step((1, 2, 3))
