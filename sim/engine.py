@@ -10,6 +10,7 @@ requests and ratchet the sliding window.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from typing import Callable, Optional
 
@@ -62,7 +63,12 @@ class Simulation:
         self.is_oracle = is_oracle
         self.progress = progress
         self.waiting: deque[Request] = deque()
+        # Running requests in admission order, and the same split by phase
+        # (each in running order): those decoding and those still prefilling.
         self.running: list[Request] = []
+        self.decoding: list[Request] = []
+        self.prefilling: list[Request] = []
+        self._admissions = 0
         self.recorder = Recorder(self.pool.bands, token_entry_bytes=memory.token_entry_bytes,
                                  move_time_s=getattr(step_cost, "move_time_s", lambda moved: 0.0 * moved),
                                  is_oracle=is_oracle)
@@ -116,20 +122,17 @@ class Simulation:
         # Bytes moved since the last step's accounting: moves made while
         # finishing requests after a forward are charged to the next step.
         moved0 = self._moved_mark
-        retracted0 = self._counts["retracted"]
         # Running requests first: their decode token, then their next
-        # prefill chunk; new requests only take what is left.
-        decode = self._decode_batch([r for r in self.running
-                                     if r.generated and r.prefilled == r.prefill_target])
+        # prefill chunk; new requests only take what is left. A retraction
+        # takes its victim out of `decoding`, which is then the decode batch.
+        self._decode()
         prefill = self._continue_prefills()
         prefill_tokens = sum([c for _, c in prefill]) if prefill else 0
         admitted = self._admit(self.prefill_budget - prefill_tokens)
         if admitted:
             prefill += admitted
             prefill_tokens += sum([c for _, c in admitted])
-        if self._counts["retracted"] != retracted0:  # some decoders may have left
-            running = set(self.running)
-            decode = [r for r in decode if r in running]
+        decode = list(self.decoding)
         batch = [r for r, _ in prefill] + decode
         event = self.pool.backend.new_event(f"step {self.steps}")
         self._launch(event, prefill, decode)
@@ -150,7 +153,7 @@ class Simulation:
 
     def _continue_prefills(self) -> list[tuple[Request, int]]:
         out, budget = [], self.prefill_budget
-        for r in [r for r in self.running if r.prefilled != r.prefill_target]:
+        for r in list(self.prefilling):
             chunk = min(r.prefill_target - r.prefilled, budget)
             if chunk <= 0:
                 break
@@ -172,8 +175,8 @@ class Simulation:
             self.mem.take_hit(r, now)
             chunk = min(r.prefill_left, budget)
             if left is None and self.reserve_ratio > 0:
-                left = sum([x.output_tokens - x.generated + x.prefill_target - x.prefilled
-                            for x in self.running])
+                left = sum([x.output_tokens - x.generated for x in self.decoding]) \
+                    + sum([_tokens_left(x) for x in self.prefilling])
             # Ask, then act: the reserve is checked before the state slot and
             # the chunk are allocated (an allocation undone costs as much as
             # one kept, and its holes cost flushes). A state slot only takes
@@ -185,7 +188,7 @@ class Simulation:
                 self._undo_admission(r)
                 break
             self.waiting.popleft()
-            self.running.append(r)
+            self._start(r)
             if left is not None:
                 left += _tokens_left(r)
             if r.admitted_s is None:
@@ -214,12 +217,24 @@ class Simulation:
         self.mem.retract(r, self.env.now)
         r.retractions -= 1  # an admission that did not happen is no retraction
 
-    def _decode_batch(self, reqs: list[Request]) -> list[Request]:
-        while reqs:
-            if self._alloc_or_retract(lambda: self.mem.decode(reqs), keep=None):
-                return reqs
-            reqs = [r for r in reqs if r in self.running]
-        return reqs
+    def _start(self, r: Request) -> None:
+        """`r` joins the running requests, prefilling."""
+        r.order = self._admissions
+        self._admissions += 1
+        self.running.append(r)
+        self.prefilling.append(r)
+
+    def _stop(self, r: Request) -> None:
+        """`r` leaves the running requests."""
+        self.running.remove(r)
+        (self.decoding if r in self.decoding else self.prefilling).remove(r)
+
+    def _decode(self) -> None:
+        """One token for every decoding request; on a shortfall the victims
+        of a retraction leave `decoding` and the rest try again."""
+        while self.decoding:
+            if self._alloc_or_retract(lambda: self.mem.decode(self.decoding), keep=None):
+                return
 
     def _with_eviction(self, attempt: Callable[[], bool]) -> bool:
         while not attempt():
@@ -244,7 +259,7 @@ class Simulation:
         return True
 
     def _retract(self, r: Request) -> None:
-        self.running.remove(r)
+        self._stop(r)
         self.mem.retract(r, self.env.now)
         self.waiting.appendleft(r)
         self._counts["retracted"] += 1
@@ -266,17 +281,25 @@ class Simulation:
 
     def _complete(self, prefill, decode) -> None:
         now = self.env.now
-        for r, chunk in prefill:
-            r.prefilled += chunk
-            if r.prefilled == r.prefill_target and r.generated == 0:
-                r.generated = 1
-                r.first_token_s = now
+        finished = []
         for r in decode:
             r.generated += 1
-        finished = [r for r in self.running
-                    if r.generated >= r.output_tokens and r.prefilled == r.prefill_target]
+            if r.generated >= r.output_tokens:
+                finished.append(r)
+        for r, chunk in prefill:
+            r.prefilled += chunk
+            if r.prefilled == r.prefill_target:  # decoding from the next step on
+                if r.generated == 0:
+                    r.generated = 1
+                    r.first_token_s = now
+                self.prefilling.remove(r)
+                bisect.insort(self.decoding, r, key=_order)
+                if r.generated >= r.output_tokens:
+                    finished.append(r)
+        if prefill and len(finished) > 1:
+            finished.sort(key=_order)  # running order
         for r in finished:
-            self.running.remove(r)
+            self._stop(r)
             self.mem.finish(r, now)
             r.finished_s = now
             self._counts["finished"] += 1
@@ -316,6 +339,10 @@ class Simulation:
         problems = self.pool.verify() + self.mem.check(self.running)
         if problems:
             self.violations.extend(f"step {self.steps}: {p}" for p in problems)
+
+
+def _order(r: Request) -> int:
+    return r.order
 
 
 def _tokens_left(r: Request) -> int:

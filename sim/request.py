@@ -31,6 +31,7 @@ class Request:
     swa_released: int = 0  # leading own pages released on the window band
     state: Optional[int] = None  # state slot id
     hit_tokens: int = 0
+    order: int = -1  # running order: set by the engine at each (re)admission
 
     admitted_s: Optional[float] = None
     first_token_s: Optional[float] = None
