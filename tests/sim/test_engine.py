@@ -35,6 +35,21 @@ def simulate(pool, reqs, *, window=None, block=None, max_tokens=10**9, **kw):
     return sim, sim.recorder.requests_frame()
 
 
+def record_evictions(mem, entry) -> list:
+    """Spy on the cache's LRU eviction: the list it appends `entry(node)` to."""
+    evicted = []
+    evict_one = mem.cache.evict_one
+
+    def spy():
+        node = evict_one()
+        if node is not None:
+            evicted.append(entry(node))
+        return node
+
+    mem.cache.evict_one = spy
+    return evicted
+
+
 def test_fcfs_admission_waits_for_memory():
     reqs = [Request(i, t, 8, 3) for i, t in enumerate((0.0, 0.1, 0.2))]
     sim, df = simulate(small_pool(), reqs)
@@ -126,16 +141,7 @@ def test_prefix_hits_reuse_cached_blocks_and_lru_evicts_leaves_first():
     reqs = [Request(0, 0.0, 8, 1, (1, 2)), Request(1, 1.5, 8, 1, (1, 5)),
             Request(2, 3.0, 16, 1, (7, 8, 9, 10))]
     mem = Memory(pool, window_tokens=None, block_tokens=4)
-    evicted = []
-    orig = mem.cache.evict_one
-
-    def spy():
-        node = orig()
-        if node is not None:
-            evicted.append(node.key)
-        return node
-
-    mem.cache.evict_one = spy
+    evicted = record_evictions(mem, lambda node: node.key)
     sim = Simulation(reqs, mem, step_cost=const_cost, kv_bytes=lambda b: 0, max_running=4,
                      prefill_tokens_per_step=100, max_tokens=100, check_every=1)
     sim.run()
@@ -184,16 +190,7 @@ def test_admission_reserve_counts_evictable_cached_blocks():
     pool = small_pool(mode="eager")
     reqs = [Request(0, 0.0, 12, 1, (1, 2, 3)), Request(1, 1.5, 2, 10), Request(2, 1.5, 2, 3)]
     mem = Memory(pool, window_tokens=None, block_tokens=4)
-    evicted = []
-    orig = mem.cache.evict_one
-
-    def spy():
-        node = orig()
-        if node is not None:
-            evicted.append((sim.env.now, node.key))
-        return node
-
-    mem.cache.evict_one = spy
+    evicted = record_evictions(mem, lambda node: (sim.env.now, node.key))
     sim = Simulation(reqs, mem, step_cost=const_cost, kv_bytes=lambda b: 0, max_running=4,
                      prefill_tokens_per_step=100, max_tokens=100, reserve=(0.9, 0.9, 0.0),
                      check_every=1)
