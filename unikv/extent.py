@@ -76,8 +76,9 @@ class Extent(NamedTuple):
 def bound_below(chain: Sequence[Extent], i: int) -> int:
     """High byte of the nearest non-transparent band below `i` (0 if none)."""
     for j in range(i - 1, -1, -1):
-        if not chain[j].transparent:
-            return chain[j].high_byte
+        e = chain[j]
+        if e.kind is not BUDGET and (e.kind is not FLOAT or e.live):  # not transparent
+            return e.high * e.page_bytes
     return 0
 
 
@@ -85,8 +86,9 @@ def bound_above(chain: Sequence[Extent], i: int, total_bytes: int) -> int:
     """Low byte of the nearest non-transparent band above `i` (the buffer
     top if none)."""
     for j in range(i + 1, len(chain)):
-        if not chain[j].transparent:
-            return chain[j].low_byte
+        e = chain[j]
+        if e.kind is not BUDGET and (e.kind is not FLOAT or e.live):  # not transparent
+            return e.low * e.page_bytes
     return total_bytes
 
 

@@ -67,10 +67,19 @@ def extend_request(pool, prefix_lens, seq_lens, last_loc, extend_num_tokens=None
     return PagedRequest(prefix, seq, last, pages, total)
 
 
+# Batches up to this size are checked on Python ints: a numpy call costs
+# about a microsecond whatever its length, a Python step a few tens of ns.
+SMALL_BATCH = 16
+
+
 def decode_request(pool, seq_lens, last_loc) -> PagedRequest:
     """Checked arguments of `alloc_decode` (seq_lens >= 1, include the new token)."""
     seq = as_ids(seq_lens, "alloc_decode: seq_lens")
     last = as_ids(last_loc, "alloc_decode: last_loc")
+    if len(seq) <= SMALL_BATCH and len(seq) == len(last):
+        req = _small_decode_request(pool, seq, last)
+        if req is not None:
+            return req
     if len(seq) != len(last):
         raise ValueError(f"alloc_decode: seq_lens and last_loc have lengths "
                          f"{len(seq)}, {len(last)}; expected equal")
@@ -82,6 +91,23 @@ def decode_request(pool, seq_lens, last_loc) -> PagedRequest:
     if pages < len(seq):
         _check_last_loc(pool, prefix, last, "alloc_decode", ~opens, len(seq) - pages)
     return PagedRequest(prefix, seq, last, pages, len(seq), opens)
+
+
+def _small_decode_request(pool, seq: np.ndarray, last: np.ndarray) -> Optional[PagedRequest]:
+    """`decode_request` of a small batch, checked on Python ints; None when
+    any check fails (the vector path then names the offenders)."""
+    ps = pool.page_size
+    high = pool.vids.size * ps
+    binds = pool.vids.binds
+    opens = []
+    for s, t in zip(seq.tolist(), last.tolist()):
+        if s < 1:
+            return None
+        slot = (s - 1) % ps
+        if slot and not (0 <= t < high and (t + 1) % ps == slot and binds[t // ps]):
+            return None
+        opens.append(not slot)
+    return PagedRequest(seq - 1, seq, last, opens.count(True), len(opens), np.array(opens, dtype=bool))
 
 
 def _check_last_loc(pool, prefix: np.ndarray, last: np.ndarray, op: str,

@@ -248,6 +248,10 @@ class UnifiedPool:
     def _live_token_pages(self, ids, op: str, allow_sink: bool = False) -> np.ndarray:
         """The distinct virtual pages of token `ids`, all allocated."""
         t = as_ids(ids, f"{op}: ids")
+        if len(t) <= paged.SMALL_BATCH:
+            pages = self._few_live_token_pages(t, allow_sink)
+            if pages is not None:
+                return pages
         check_range(t, 0, self.vids.size * self.page_size, f"{op}: token ids")
         pages = _distinct(paged.page_of(t, self.page_size), self.vids.size)
         if allow_sink and len(pages) and pages[0] == 0:
@@ -257,6 +261,23 @@ class UnifiedPool:
             raise ValueError(f"{op}: virtual pages {few(dead)} are not allocated "
                              "(never allocated, or already freed)")
         return pages
+
+    def _few_live_token_pages(self, t: np.ndarray, allow_sink: bool) -> Optional[np.ndarray]:
+        """`_live_token_pages` of a few ids, on Python ints; None when a
+        check fails (the vector path then names the offenders)."""
+        ps, binds = self.page_size, self.vids.binds
+        high = self.vids.size * ps
+        pages = set()
+        for x in t.tolist():
+            if not 0 <= x < high:
+                return None
+            pages.add(x // ps)
+        if allow_sink:
+            pages.discard(0)
+        for v in pages:
+            if binds[v] <= 0:
+                return None
+        return np.array(sorted(pages), dtype=np.int64)
 
     def _unbind(self, band, v_pages: np.ndarray) -> int:
         if len(v_pages) == 0:

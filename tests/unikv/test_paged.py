@@ -59,3 +59,46 @@ def test_page_representatives_of_a_mid_page_run():
     ids = np.arange(103, 140)  # positions 3.. of a run on page size 16
     reps = paged.page_representatives(ids, 3, 16)
     assert (reps // 16).tolist() == sorted(set((ids // 16).tolist()))
+
+
+def _outcome(fn):
+    try:
+        return fn()
+    except ValueError as exc:
+        return f"ValueError: {exc}"
+
+
+@pytest.mark.parametrize("ps", [1, 3, 4])
+def test_small_batch_paths_accept_and_reject_like_the_vector_paths(ps, monkeypatch):
+    """The Python-int paths for small batches (decode checks, the pages of
+    release / free) give the vector paths' answers, and leave bad input to
+    them (same ValueError)."""
+    import random
+
+    from factories import full_swa, pool
+
+    rng = random.Random(ps)
+    p = pool(full_swa(page_size=ps), "lazy")
+    live = p.alloc(5 * ps).numpy()
+    p.free(live[:2 * ps])  # some dead pages to point at
+    high = p.vids.size * ps
+    for _ in range(400):
+        bs = rng.randrange(0, 5)
+        seq = np.array([rng.randrange(-1, 6 * ps) for _ in range(bs)], dtype=np.int64)
+        last = np.array([rng.choice([rng.randrange(-2, high + 2), int(rng.choice(live))])
+                         for _ in range(bs)], dtype=np.int64)
+        ids = np.array([rng.choice([rng.randrange(-1, high + 1), int(rng.choice(live))])
+                        for _ in range(bs)], dtype=np.int64)
+
+        def run():
+            decode = _outcome(lambda: paged.decode_request(p, seq, last))
+            pages = _outcome(lambda: p._live_token_pages(ids, "release", allow_sink=True).tolist())
+            if not isinstance(decode, str):
+                decode = (decode.new_pages, decode.total_tokens, decode.opens.tolist(),
+                          decode.prefix.tolist())
+            return decode, pages
+
+        fast = run()
+        with monkeypatch.context() as m:
+            m.setattr(paged, "SMALL_BATCH", -1)
+            assert run() == fast, (seq, last, ids)
