@@ -31,6 +31,7 @@ RAW_COLUMNS = (
     "moves", "moved_bytes",
 )
 DERIVED_COLUMNS = tuple(c for c in STEP_COLUMNS if c not in RAW_COLUMNS)
+FLOAT_COLUMNS = frozenset({"t_s", "step_time_s"})  # the other raw columns are integers
 
 REQUEST_COLUMNS = (
     "rid", "arrival_s", "prompt_tokens", "output_tokens", "hit_tokens", "admitted_s",
@@ -83,7 +84,7 @@ class Recorder:
 
     def steps_frame(self) -> pd.DataFrame:
         """The step table: raw counters, chain totals and ratios (METRICS.md)."""
-        df = pd.DataFrame.from_records(self._steps, columns=list(self.raw_columns))
+        df = self._raw_frame()
         for col in ("live_bytes", "hole_bytes", "pending_bytes", "occupied_bytes"):
             parts = [df[f"{b}_{col}"] for b in self.band_names]
             df[col] = sum(parts[1:], parts[0]) if parts else 0
@@ -96,6 +97,18 @@ class Recorder:
             df["move_time_s"] = self.move_time_s(df["moved_bytes"]).astype(float)
             df["compaction_overhead"] = _ratio(df["move_time_s"], df["step_time_s"])
         return df[list(self.columns)]
+
+    def _raw_frame(self) -> pd.DataFrame:
+        """The raw rows as a frame: one float64 array for all, then the
+        integer columns cast back (exact: every count and byte total is far
+        below 2**53; checked), several times faster than `from_records`."""
+        width = len(self.raw_columns)
+        table = np.array(self._steps, dtype=np.float64).reshape(-1, width)
+        if len(table) and np.abs(table).max() >= 2.0**53:  # cannot happen below 8 PiB
+            return pd.DataFrame.from_records(self._steps, columns=list(self.raw_columns))
+        return pd.DataFrame({
+            name: table[:, i] if name in FLOAT_COLUMNS else table[:, i].astype(np.int64)
+            for i, name in enumerate(self.raw_columns)})
 
     def requests_frame(self) -> pd.DataFrame:
         df = pd.DataFrame(self._requests, columns=list(REQUEST_COLUMNS))

@@ -41,3 +41,14 @@ def test_oracle_has_no_unusable_free_bytes_and_rows_are_checked():
     assert rec.steps_frame()["unusable_free_ratio"].tolist() == [0.0]
     with pytest.raises(ValueError, match="raw columns"):
         rec.step((1, 2, 3))
+
+
+def test_integer_columns_stay_exact_integers():
+    rec = Recorder(["full"], token_entry_bytes=10)
+    rec.step(raw(1, avail=3, free=2**40 + 1, gap=7, slack=0, slots=0, moved=0, dt=0.5, bands=[(1, 2, 3, 4, 5, 6)]))
+    df = rec.steps_frame()
+    assert df["free_bytes"].dtype == "int64" and df["free_bytes"].iloc[0] == 2**40 + 1
+    assert df["t_s"].dtype == "float64" and df["step_time_s"].iloc[0] == 0.5
+    # past float64's exact integers (8 PiB) the rows are read as Python ints instead
+    rec.step(raw(2, avail=3, free=2**60 + 1, gap=7, slack=0, slots=0, moved=0, dt=0.5, bands=[(1, 2, 3, 4, 5, 6)]))
+    assert rec.steps_frame()["free_bytes"].tolist() == [2**40 + 1, 2**60 + 1]
