@@ -125,7 +125,8 @@ class Simulation:
         # Running requests first: their decode token, then their next
         # prefill chunk; new requests only take what is left. A retraction
         # takes its victim out of `decoding`, which is then the decode batch.
-        self._decode()
+        retracted = self._counts["retracted"]
+        written = self._decode()
         prefill = self._continue_prefills()
         prefill_tokens = sum([c for _, c in prefill]) if prefill else 0
         admitted = self._admit(self.prefill_budget - prefill_tokens)
@@ -133,9 +134,11 @@ class Simulation:
             prefill += admitted
             prefill_tokens += sum([c for _, c in admitted])
         decode = list(self.decoding)
+        if self._counts["retracted"] != retracted:  # decoders may have left since
+            written = [r.pages[-1] * self.ps + (r.seq - 1) % self.ps for r in decode]
         batch = [r for r, _ in prefill] + decode
         event = self.pool.backend.new_event(f"step {self.steps}")
-        self._launch(event, prefill, decode)
+        self._launch(event, prefill, written)
         self.pool.flush(urgent=False)  # opportunistic, while the forward runs
         moved = self._moved_bytes() - moved0
         self._moved_mark = moved0 + moved
@@ -229,12 +232,20 @@ class Simulation:
         self.running.remove(r)
         (self.decoding if r in self.decoding else self.prefilling).remove(r)
 
-    def _decode(self) -> None:
-        """One token for every decoding request; on a shortfall the victims
-        of a retraction leave `decoding` and the rest try again."""
+    def _decode(self) -> list[int]:
+        """One token for every decoding request (their ids); on a shortfall
+        the victims of a retraction leave `decoding` and the rest try again."""
+        written: Optional[list[int]] = None
+
+        def attempt() -> bool:
+            nonlocal written
+            written = self.mem.decode(self.decoding)
+            return written is not None
+
         while self.decoding:
-            if self._alloc_or_retract(lambda: self.mem.decode(self.decoding), keep=None):
-                return
+            if self._alloc_or_retract(attempt, keep=None):
+                return written
+        return []
 
     def _with_eviction(self, attempt: Callable[[], bool]) -> bool:
         while not attempt():
@@ -265,12 +276,11 @@ class Simulation:
         self._counts["retracted"] += 1
         self.reserve_ratio = self.reserve[0]
 
-    def _launch(self, event, prefill, decode) -> None:
-        """Declare the forward: its event, the pages it writes, the states."""
+    def _launch(self, event, prefill, written: list[int]) -> None:
+        """Declare the forward: its event, the token ids it writes (the
+        decoders' `written`, then the prefill chunks' pages), the states."""
         ps = self.ps
-        # last_loc of each decoder (seq >= 1): the slot of position seq - 1
-        # (on its tail page: a request's pages cover exactly [0, seq))
-        reps = [r.pages[-1] * ps + (r.seq - 1) % ps for r in decode]
+        reps = written
         for r, chunk in prefill:
             first, last = (r.seq - chunk) // ps, (r.seq - 1) // ps
             reps.extend(p * ps for p in r.pages[first: last + 1])

@@ -181,8 +181,10 @@ class Memory:
             req.pages.extend((ids[offset:: self.ps] // self.ps).tolist())
         assert len(req.pages) == -(-(start + ids.numel()) // self.ps)
 
-    def decode(self, reqs: list[Request]) -> bool:
-        """One new position for every request in `reqs` (no eviction)."""
+    def decode(self, reqs: list[Request]) -> Optional[list[int]]:
+        """One new position for every request in `reqs` (no eviction): the
+        virtual token ids the forward writes, in order, or None (nothing
+        allocated) on shortfall."""
         # Only requests whose new token opens a page change the pool; the
         # others write into their tail page (the pool's answer for them is
         # last_loc + 1), so they need no call: the pool ends in the same state.
@@ -195,12 +197,14 @@ class Memory:
                                  for r in opening])
             out = self.pool.alloc_decode(seq, last)
             if out is None:
-                return False
+                return None
             for r, t in zip(opening, out.tolist()):
                 r.pages.append(t // ps)
-        for r in reqs:
+        ids = []
+        for r in reqs:  # position seq, on the tail page (pages cover [0, seq + 1) now)
+            ids.append(r.pages[-1] * ps + r.seq % ps)
             r.seq += 1
-        return True
+        return ids
 
     def ratchet(self, reqs: list[Request]) -> int:
         """Release on the window band every own page fully out of the window;
