@@ -175,11 +175,12 @@ class Memory:
 
     def _append(self, req: Request, start: int, ids: torch.Tensor) -> None:
         """Record the fresh pages among the new token ids at positions start..."""
+        ids = ids.numpy()
         first_new = -(-start // self.ps)  # page index of the first fresh page
         offset = first_new * self.ps - start
-        if offset < ids.numel():
+        if offset < len(ids):
             req.pages.extend((ids[offset:: self.ps] // self.ps).tolist())
-        assert len(req.pages) == -(-(start + ids.numel()) // self.ps)
+        assert len(req.pages) == -(-(start + len(ids)) // self.ps)
 
     def decode(self, reqs: list[Request]) -> Optional[list[int]]:
         """One new position for every request in `reqs` (no eviction): the

@@ -43,6 +43,11 @@ def slot_of(ids: np.ndarray, page_size: int) -> np.ndarray:
     return ids % page_size
 
 
+# Batches up to this size are checked on Python ints: a numpy call costs
+# about a microsecond whatever its length, a Python step a few tens of ns.
+SMALL_BATCH = 16
+
+
 def extend_request(pool, prefix_lens, seq_lens, last_loc, extend_num_tokens=None) -> PagedRequest:
     """Checked arguments of `alloc_extend`. Raises ValueError naming the
     argument (shapes, negative or shrinking lengths, a wrong token total, a
@@ -50,6 +55,10 @@ def extend_request(pool, prefix_lens, seq_lens, last_loc, extend_num_tokens=None
     prefix = as_ids(prefix_lens, "alloc_extend: prefix_lens")
     seq = as_ids(seq_lens, "alloc_extend: seq_lens")
     last = as_ids(last_loc, "alloc_extend: last_loc")
+    if len(prefix) <= SMALL_BATCH and len(prefix) == len(seq) == len(last):
+        req = _small_extend_request(pool, prefix, seq, last, extend_num_tokens)
+        if req is not None:
+            return req
     if not (len(prefix) == len(seq) == len(last)):
         raise ValueError(f"alloc_extend: prefix_lens, seq_lens, last_loc have lengths "
                          f"{len(prefix)}, {len(seq)}, {len(last)}; expected equal")
@@ -67,9 +76,25 @@ def extend_request(pool, prefix_lens, seq_lens, last_loc, extend_num_tokens=None
     return PagedRequest(prefix, seq, last, pages, total)
 
 
-# Batches up to this size are checked on Python ints: a numpy call costs
-# about a microsecond whatever its length, a Python step a few tens of ns.
-SMALL_BATCH = 16
+def _small_extend_request(pool, prefix: np.ndarray, seq: np.ndarray, last: np.ndarray,
+                          extend_num_tokens) -> Optional[PagedRequest]:
+    """`extend_request` of a small batch, checked on Python ints; None when
+    any check fails (the vector path then names the offenders)."""
+    ps = pool.page_size
+    high = pool.vids.size * ps
+    binds = pool.vids.binds
+    total = pages = 0
+    for p, s, t in zip(prefix.tolist(), seq.tolist(), last.tolist()):
+        if p < 0 or s < p:
+            return None
+        slot = p % ps
+        if slot and not (0 <= t < high and (t + 1) % ps == slot and binds[t // ps]):
+            return None
+        total += s - p
+        pages += -(-s // ps) - -(-p // ps)
+    if extend_num_tokens is not None and int(extend_num_tokens) != total:
+        return None
+    return PagedRequest(prefix, seq, last, pages, total)
 
 
 def decode_request(pool, seq_lens, last_loc) -> PagedRequest:
@@ -145,6 +170,8 @@ def extend_ids(req: PagedRequest, new_pages: np.ndarray, page_size: int) -> np.n
     fresh pages `new_pages` in batch order."""
     ps = page_size
     prefix, seq, last = req.prefix, req.seq, req.last_loc
+    if len(prefix) == 1:
+        return _extend_ids_one(int(prefix[0]), int(seq[0]), int(last[0]), new_pages, ps)
     ext = seq - prefix
     req_of = np.repeat(np.arange(len(ext)), ext)
     pos = np.arange(req.total_tokens) - (np.cumsum(ext) - ext)[req_of] + prefix[req_of]
@@ -157,6 +184,16 @@ def extend_ids(req: PagedRequest, new_pages: np.ndarray, page_size: int) -> np.n
         fresh = ~in_tail
         out[fresh] = new_pages[k[fresh]] * ps + pos[fresh] % ps
     return out
+
+
+def _extend_ids_one(prefix: int, seq: int, last: int, new_pages: np.ndarray, ps: int) -> np.ndarray:
+    """`extend_ids` of one request: the tail page's slots after `last`,
+    then every slot of the fresh pages, up to position `seq`."""
+    tail = min(seq, -(-prefix // ps) * ps) - prefix  # free slots left on the tail page
+    fresh = (new_pages[:, None] * ps + np.arange(ps, dtype=np.int64)).reshape(-1)[: seq - prefix - tail]
+    if tail <= 0:
+        return fresh
+    return np.concatenate([np.arange(last + 1, last + 1 + tail, dtype=np.int64), fresh])
 
 
 def decode_ids(req: PagedRequest, new_pages: np.ndarray, page_size: int) -> np.ndarray:

@@ -23,7 +23,7 @@ def random_batch(rng, bs: int, ps: int):
 @pytest.mark.parametrize("bs", [1, 7, 64])
 def test_extend_ids_match_the_reference(ps, bs):
     rng = np.random.default_rng(ps * 100 + bs)
-    for _ in range(5):
+    for _ in range(300 if bs == 1 else 5):  # one request has its own path
         prefix, seq, last, fresh = random_batch(rng, bs, ps)
         req = paged.PagedRequest(prefix, seq, last, len(fresh), int((seq - prefix).sum()))
         got = paged.extend_ids(req, fresh, ps)
@@ -70,9 +70,9 @@ def _outcome(fn):
 
 @pytest.mark.parametrize("ps", [1, 3, 4])
 def test_small_batch_paths_accept_and_reject_like_the_vector_paths(ps, monkeypatch):
-    """The Python-int paths for small batches (decode checks, the pages of
-    release / free) give the vector paths' answers, and leave bad input to
-    them (same ValueError)."""
+    """The Python-int paths for small batches (decode and extend checks, the
+    pages of release / free) give the vector paths' answers, and leave bad
+    input to them (same ValueError)."""
     import random
 
     from factories import full_swa, pool
@@ -89,16 +89,24 @@ def test_small_batch_paths_accept_and_reject_like_the_vector_paths(ps, monkeypat
                          for _ in range(bs)], dtype=np.int64)
         ids = np.array([rng.choice([rng.randrange(-1, high + 1), int(rng.choice(live))])
                         for _ in range(bs)], dtype=np.int64)
+        prefix = np.array([rng.randrange(-1, 6 * ps) for _ in range(bs)], dtype=np.int64)
+        grown = prefix + np.array([rng.randrange(-1, 3 * ps) for _ in range(bs)], dtype=np.int64)
+        total = int((grown - prefix).sum()) + rng.choice([0, 0, 0, 1])
+        given = rng.choice([None, total])
 
         def run():
             decode = _outcome(lambda: paged.decode_request(p, seq, last))
             pages = _outcome(lambda: p._live_token_pages(ids, "release", allow_sink=True).tolist())
+            extend = _outcome(lambda: paged.extend_request(p, prefix, grown, last, given))
             if not isinstance(decode, str):
                 decode = (decode.new_pages, decode.total_tokens, decode.opens.tolist(),
                           decode.prefix.tolist())
-            return decode, pages
+            if not isinstance(extend, str):
+                extend = (extend.new_pages, extend.total_tokens, extend.prefix.tolist(),
+                          extend.seq.tolist(), extend.last_loc.tolist())
+            return decode, pages, extend
 
         fast = run()
         with monkeypatch.context() as m:
             m.setattr(paged, "SMALL_BATCH", -1)
-            assert run() == fast, (seq, last, ids)
+            assert run() == fast, (seq, last, ids, prefix, grown, given)
