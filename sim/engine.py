@@ -69,14 +69,15 @@ class Simulation:
         self.decoding: list[Request] = []
         self.prefilling: list[Request] = []
         self._admissions = 0
-        self.recorder = Recorder(self.pool.bands, token_entry_bytes=memory.token_entry_bytes,
+        self.recorder = Recorder(self.pool.bands, self.pool.sample_columns,
+                                 token_entry_bytes=memory.token_entry_bytes,
                                  move_time_s=getattr(step_cost, "move_time_s", lambda moved: 0.0 * moved),
                                  is_oracle=is_oracle)
         self._band_counters = tuple(self.pool.counters.bands.values())
         self.arrived = self.done = self.steps = 0
         self.violations: list[str] = []
         self._wake: Optional[simpy.Event] = None
-        self._view: Optional[tuple] = None  # (epoch, pool scalars, band values) of the last row
+        self._sample: Optional[tuple] = None  # (epoch, pool sample) of the last row
         self._moved_mark = 0
         self._counts = dict(admitted=0, finished=0, retracted=0, rejected=0)
 
@@ -328,12 +329,12 @@ class Simulation:
         return sum([c.moved_bytes for c in self._band_counters])
 
     def _record(self, dt: float, prefill_tokens: int, decode_tokens: int, moved: int) -> None:
-        """One step's raw counters, in `Recorder.raw_columns` order (the
-        recorder derives the totals and ratios)."""
+        """One step's raw counters, in `Recorder.raw_columns` order, and a
+        pool sample (the recorder derives the pool columns, totals and
+        ratios when the table is read)."""
         epoch = self.pool.epoch.value
-        if self._view is None or self._view[0] != epoch:  # pool state changed since the last row
-            free, gap, bands = self.pool.usage()
-            self._view = (epoch, (self.pool.available_size(), free, gap), sum(bands, ()))
+        if self._sample is None or self._sample[0] != epoch:  # the pool changed since the last row
+            self._sample = (epoch, self.pool.sample())
         running = self.running
         slots = sum([len(r.pages) for r in running]) * self.ps
         counts = self._counts
@@ -341,9 +342,9 @@ class Simulation:
             self.steps, self.env.now, dt, len(running), len(self.waiting), prefill_tokens,
             decode_tokens, counts["admitted"], counts["finished"], counts["retracted"],
             counts["rejected"], self.mem.evictions, self.mem.cache.pages if self.mem.cache else 0,
-            *self._view[1], slots - sum([r.seq for r in running]), slots,
-            sum([c.moves for c in self._band_counters]), moved, *self._view[2],
-        ))
+            slots - sum([r.seq for r in running]), slots,
+            sum([c.moves for c in self._band_counters]), moved,
+        ), self._sample[1])
 
     def _check(self) -> None:
         problems = self.pool.verify() + self.mem.check(self.running)

@@ -1,9 +1,12 @@
 """Metric rows appended through hooks; columns declared once (METRICS.md).
 
-The engine appends one row of raw counters per step (`RAW_COLUMNS`, then
-each band's `BAND_COLUMNS`); the chain totals and the ratios
-(`DERIVED_COLUMNS`) are computed once over the whole table when it is read,
-with the same arithmetic a per-step computation would use.
+The engine appends per step one row of its raw counters (`RAW_COLUMNS`)
+and one pool sample (`UnifiedPool.sample()`: the numbers the pool's bytes
+and capacity follow from). When the table is read, the samples become the
+pool columns (`POOL_COLUMNS` and each band's `BAND_COLUMNS`, through
+`UnifiedPool.sample_columns`), and the chain totals and the ratios
+(`DERIVED_COLUMNS`) are computed over the whole table, with the same
+arithmetic a per-step computation would use.
 """
 
 from __future__ import annotations
@@ -23,14 +26,15 @@ STEP_COLUMNS = (
     "moves", "moved_bytes", "move_time_s", "compaction_overhead",
 )
 BAND_COLUMNS = ("live_bytes", "hole_bytes", "pending_bytes", "occupied_bytes", "low_byte", "high_byte")
-# What the engine records per step; the rest of STEP_COLUMNS is derived.
+# What the engine counts per step; the pool columns come from its samples,
+# the rest of STEP_COLUMNS is derived.
 RAW_COLUMNS = (
     "step", "t_s", "step_time_s", "running", "waiting", "prefill_tokens", "decode_tokens",
     "admitted", "finished", "retracted", "rejected", "evicted_nodes", "cache_pages",
-    "available_tokens", "free_bytes", "gap_bytes", "slack_tokens", "allocated_token_slots",
-    "moves", "moved_bytes",
+    "slack_tokens", "allocated_token_slots", "moves", "moved_bytes",
 )
-DERIVED_COLUMNS = tuple(c for c in STEP_COLUMNS if c not in RAW_COLUMNS)
+POOL_COLUMNS = ("available_tokens", "free_bytes", "gap_bytes")
+DERIVED_COLUMNS = tuple(c for c in STEP_COLUMNS if c not in RAW_COLUMNS + POOL_COLUMNS)
 FLOAT_COLUMNS = frozenset({"t_s", "step_time_s"})  # the other raw columns are integers
 
 REQUEST_COLUMNS = (
@@ -44,6 +48,9 @@ class Recorder:
 
     Args:
         band_names: the pool's bands, in chain order.
+        pool_columns: a list of the steps' pool samples -> the columns
+            `POOL_COLUMNS` and "<band>_<BAND_COLUMNS>" (int64 arrays);
+            `UnifiedPool.sample_columns`.
         token_entry_bytes: bytes of one token of a coupled alloc (all token
             bands): available_tokens x this is the free room the joint
             alloc can use.
@@ -51,24 +58,27 @@ class Recorder:
         is_oracle: the unusable-free ratio is 0 by definition.
     """
 
-    def __init__(self, band_names, *, token_entry_bytes: int = 0,
+    def __init__(self, band_names, pool_columns: Callable, *, token_entry_bytes: int = 0,
                  move_time_s: Callable = lambda moved: 0.0 * moved, is_oracle: bool = False) -> None:
         self.band_names = tuple(band_names)
         self.band_columns = tuple(f"{b}_{c}" for b in self.band_names for c in BAND_COLUMNS)
         self.columns = STEP_COLUMNS + self.band_columns
-        self.raw_columns = RAW_COLUMNS + self.band_columns
+        self.raw_columns = RAW_COLUMNS
+        self.pool_columns = pool_columns
         self.token_entry_bytes = token_entry_bytes
         self.move_time_s = move_time_s
         self.is_oracle = is_oracle
         self._steps: list[tuple] = []
+        self._samples: list[tuple] = []
         self._requests: list[tuple] = []
 
-    def step(self, row: tuple) -> None:
-        """One step's raw values, in `raw_columns` order."""
+    def step(self, row: tuple, sample: tuple) -> None:
+        """One step's raw values (in `raw_columns` order) and its pool sample."""
         if len(row) != len(self.raw_columns):
             raise ValueError(f"step row of {len(row)} values; expected {len(self.raw_columns)} "
                              "raw columns")
         self._steps.append(row)
+        self._samples.append(sample)
 
     def request(self, req) -> None:
         queue = None if req.admitted_s is None else req.admitted_s - req.arrival_s
@@ -85,6 +95,8 @@ class Recorder:
     def steps_frame(self) -> pd.DataFrame:
         """The step table: raw counters, chain totals and ratios (METRICS.md)."""
         df = self._raw_frame()
+        for name, values in self.pool_columns(self._samples).items():
+            df[name] = values
         for col in ("live_bytes", "hole_bytes", "pending_bytes", "occupied_bytes"):
             parts = [df[f"{b}_{col}"] for b in self.band_names]
             df[col] = sum(parts[1:], parts[0]) if parts else 0

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 import torch
 
-from unikv import paged, views
+from unikv import paged, samples, views
 from unikv.backends.sim import SimBackend
 from unikv.bands import UNIFIED_BANDS, BandContext
 from unikv.chain import Chain
@@ -453,6 +453,17 @@ class UnifiedPool:
             A transparent float or an oracle band reports low = high = 0.
         """
         return views.usage(self)
+
+    def sample(self) -> tuple[int, ...]:
+        """The numbers `usage()` and `available_size()` are computed from,
+        as one flat tuple of ints: cheap to keep every engine step, read
+        back in bulk by `sample_columns` (see `unikv.samples`)."""
+        return samples.sample(self)
+
+    def sample_columns(self, sampled) -> dict[str, np.ndarray]:
+        """`usage()` and `available_size()` of every sample taken from this
+        pool, as int64 columns (see `unikv.samples.columns`)."""
+        return samples.columns(self, sampled)
 
     def occupancy(self) -> dict:
         """Bytes per band (live / holes / pending / occupied, frontiers) and
