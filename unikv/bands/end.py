@@ -37,11 +37,12 @@ class EndBand(BandAllocator):
         # [(event, page list)], oldest first.
         self.pending: list[tuple[object, list[int]]] = []
         self.pending_set: set[int] = set()
-        # The hole array the last absorb left and its pages ascending: while
-        # `holes` is still that array, it is sorted and touches no frontier
-        # (allocs drain holes by rebinding the array and extend with live
-        # pages), so a flush needs no second sort and absorb.
-        self._absorbed: tuple[np.ndarray, list[int]] = (EMPTY, [])
+        # The hole array the last absorb left, the array owning its memory
+        # and its pages ascending: while `holes` is that array or a view of
+        # its owner, it is sorted and touches no frontier (allocs drain holes
+        # by slicing the array and extend with live pages), so a flush needs
+        # no second sort and absorb (`_absorbed_holes`).
+        self._absorbed: tuple[np.ndarray, np.ndarray, list[int]] = (EMPTY, EMPTY, [])
 
     def _reset_frontier(self) -> None:
         self.watermark = self.geom.min_page if self.up else self.geom.num_pages
@@ -159,16 +160,28 @@ class EndBand(BandAllocator):
             self.holes = np.concatenate([self.holes, np.asarray(ready, dtype=np.int64)])
 
     def _absorbed_holes(self) -> list[int]:
-        """The holes ascending, frontier holes absorbed first (skipped while
-        the hole list is the one the last absorb left)."""
-        array, ascending = self._absorbed
-        if array is self.holes:
+        """The holes ascending, frontier holes absorbed first.
+
+        The last absorb's hole list is kept sorted (deepest first) with its
+        pages ascending. Allocs drain it from the deep end by slicing, so a
+        view of that array means drains only: the same pages minus the
+        deepest, still in order and clear of the frontier. Anything else
+        (pages appended by frees) is sorted again.
+        """
+        array, owner, ascending = self._absorbed
+        holes = self.holes
+        if holes is array:
             return ascending
-        # Allocs drain the sorted list from its deep end and frees append to
-        # it, so it is one sorted run and a short tail: timsort merges those
-        # in about linear time.
-        listed = self.holes.tolist()
-        return self._keep(self._absorb(sorted(listed)), listed)
+        if holes.base is owner:  # drained from the deep end only
+            n = len(holes)
+            ascending = ascending[len(ascending) - n:] if self.up else ascending[:n]
+            self._absorbed = (holes, owner, ascending)
+            return ascending
+        ordered = np.sort(holes)
+        ascending = self._absorb(ordered.tolist())
+        absorbed = len(ordered) - len(ascending)
+        ordered = ordered[:len(ascending)] if self.up else ordered[absorbed:][::-1]
+        return self._keep(ascending, ordered)
 
     def _absorb(self, holes: list[int]) -> list[int]:
         """Retreat the watermark past the holes touching it; return the
@@ -190,18 +203,14 @@ class EndBand(BandAllocator):
         self.watermark = wm
         return holes[:n - absorbed] if self.up else holes[absorbed:]
 
-    def _keep(self, holes: list[int], listed: Optional[list[int]] = None) -> list[int]:
+    def _keep(self, holes: list[int], stored: Optional[np.ndarray] = None) -> list[int]:
         """Make `holes` (ascending) the hole list, deepest first; return it.
-
-        `listed` is the hole array as a list when the caller has it (else
-        the array is taken to differ): the array is rebuilt only when its
-        pages or their order change (an alloc drains from the deep end,
-        which keeps it in order).
-        """
-        stored = holes if self.up else holes[::-1]
-        if listed != stored:
-            self.holes = np.array(stored, dtype=np.int64)
-        self._absorbed = (self.holes, holes)
+        `stored`: that list as an array already (a view is fine)."""
+        if stored is None:
+            stored = np.array(holes if self.up else holes[::-1], dtype=np.int64)
+        self.holes = stored
+        owner = stored if stored.base is None else stored.base
+        self._absorbed = (stored, owner, holes)
         return holes
 
     def _plan_pack(self, holes: list[int], cap: Optional[int], urgent: bool):
