@@ -58,8 +58,11 @@ class EndBand(BandAllocator):
         return self.watermark, self.geom.num_pages
 
     def extent(self) -> Extent:
-        low, high = self.span()
         g = self.geom
+        if self.up:
+            low, high = g.min_page, self.watermark
+        else:
+            low, high = self.watermark, g.num_pages
         return Extent(self.kind, g.page_bytes, g.min_page, g.num_pages, low, high,
                       len(self.holes), self.live)
 
