@@ -39,11 +39,11 @@ class Chain:
         were urgently flushed (their holes reclaimed at the frontier)."""
         memo = self._extents
         if memo is None or memo[0] != self.epoch.value:
-            memo = self._extents = (self.epoch.value, tuple(b.extent() for b in self.bands), None)
+            memo = self._extents = (self.epoch.value, tuple([b.extent() for b in self.bands]), None)
         if not schedulable:
             return memo[1]
         if memo[2] is None:
-            memo = self._extents = (memo[0], memo[1], tuple(after_urgent_flush(e) for e in memo[1]))
+            memo = self._extents = (memo[0], memo[1], tuple([after_urgent_flush(e) for e in memo[1]]))
         return memo[2]
 
     def float_index(self) -> Optional[int]:

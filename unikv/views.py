@@ -29,8 +29,7 @@ def usage(pool) -> tuple[int, int, tuple[BandUsage, ...]]:
         else:
             low, high = e.low * pb, (e.cap if kind is REGION else e.high) * pb
         bands.append((live, e.holes * pb, b.pending_pages() * pb, high - low, low, high))
-    layout = pool.layout
-    return layout.total_bytes - layout.sink_bytes - live_total, chain.gap_bytes(), tuple(bands)
+    return chain.total_bytes - chain.sink_bytes - live_total, chain.gap_bytes(), tuple(bands)
 
 
 def occupancy(pool) -> dict:

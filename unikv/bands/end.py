@@ -37,11 +37,12 @@ class EndBand(BandAllocator):
         # [(event, page list)], oldest first.
         self.pending: list[tuple[object, list[int]]] = []
         self.pending_set: set[int] = set()
-        # The hole array the last absorb left, its pages ascending and as a
-        # set: while `holes` is still that array, it is sorted and touches no
-        # frontier (allocs drain holes by rebinding the array and extend with
-        # live pages), so a flush needs no second sort and absorb.
-        self._absorbed: tuple[np.ndarray, list[int], set[int]] = (EMPTY, [], set())
+        # The hole array the last absorb left, the array owning its memory
+        # and its pages ascending: while `holes` is that array or a view of
+        # its owner, it is sorted and touches no frontier (allocs drain holes
+        # by slicing the array and extend with live pages), so a flush needs
+        # no second sort and absorb (`_absorbed_holes`).
+        self._absorbed: tuple[np.ndarray, np.ndarray, list[int]] = (EMPTY, EMPTY, [])
 
     def _reset_frontier(self) -> None:
         self.watermark = self.geom.min_page if self.up else self.geom.num_pages
@@ -57,8 +58,11 @@ class EndBand(BandAllocator):
         return self.watermark, self.geom.num_pages
 
     def extent(self) -> Extent:
-        low, high = self.span()
         g = self.geom
+        if self.up:
+            low, high = g.min_page, self.watermark
+        else:
+            low, high = self.watermark, g.num_pages
         return Extent(self.kind, g.page_bytes, g.min_page, g.num_pages, low, high,
                       len(self.holes), self.live)
 
@@ -111,33 +115,36 @@ class EndBand(BandAllocator):
         """
         if not self.lazy:
             return 0
-        self.counters.flushes += 1
-        self.counters.urgent_flushes += int(urgent)
-        if not self.pending and len(self.holes) == 0:
+        counters = self.counters
+        counters.flushes += 1
+        if urgent:
+            counters.urgent_flushes += 1
+        if self.pending:
+            self._drain_pending(urgent)
+        elif len(self.holes) == 0:
             return 0  # nothing freed since the last flush
-        self._drain_pending(urgent)
         holes = self._absorbed_holes()
         if not holes:
             return 0
+        hazards = self.ctx.hazards
         if urgent:
-            self.ctx.hazards.settle()
-            srcs, dsts = self._plan_pack(cap=None, blocked=set())
+            hazards.settle()
         else:
-            blocked = self.ctx.hazards.written_pages(self.name, self.v2p)
-            srcs, dsts = self._plan_pack(cap=self.ctx.move_cap, blocked=blocked)
+            hazards.pending_event()  # forget a finished forward, as before any plan
+        srcs, dsts = self._plan_pack(holes, None if urgent else self.ctx.move_cap, urgent)
         if not srcs:
             return 0  # nothing moved: the hole list stays as absorbed
         self.move(srcs, dsts)
-        moved_to = set(dsts)
-        left = [h for h in holes if h not in moved_to]
-        reader = None if urgent else self.ctx.hazards.pending_event()
+        # The destinations were the deepest holes: the deep end of the list.
+        left = holes[len(dsts):] if self.up else holes[:len(holes) - len(dsts)]
+        reader = None if urgent else hazards.pending_event()
         if reader is not None:
             self.pending.append((reader, srcs))
             self.pending_set.update(srcs)
-            self.counters.pending_peak = max(self.counters.pending_peak, len(self.pending_set))
+            counters.pending_peak = max(counters.pending_peak, len(self.pending_set))
         else:
-            left += srcs
-        self._absorb(sorted(left))
+            left = sorted(left + srcs)
+        self._keep(self._absorb(left))
         return len(srcs)
 
     def _drain_pending(self, urgent: bool) -> None:
@@ -156,62 +163,97 @@ class EndBand(BandAllocator):
             self.holes = np.concatenate([self.holes, np.asarray(ready, dtype=np.int64)])
 
     def _absorbed_holes(self) -> list[int]:
-        """The holes ascending, frontier holes absorbed first (skipped while
-        the hole list is the one the last absorb left)."""
-        array, ascending, _ = self._absorbed
-        if array is self.holes:
+        """The holes ascending, frontier holes absorbed first.
+
+        The last absorb's hole list is kept sorted (deepest first) with its
+        pages ascending. Allocs drain it from the deep end by slicing, so a
+        view of that array means drains only: the same pages minus the
+        deepest, still in order and clear of the frontier. Anything else
+        (pages appended by frees) is sorted again.
+        """
+        array, owner, ascending = self._absorbed
+        holes = self.holes
+        if holes is array:
             return ascending
-        return self._absorb(sorted(self.holes.tolist()))
+        if holes.base is owner:  # drained from the deep end only
+            n = len(holes)
+            ascending = ascending[len(ascending) - n:] if self.up else ascending[:n]
+            self._absorbed = (holes, owner, ascending)
+            return ascending
+        ordered = np.sort(holes)
+        ascending = self._absorb(ordered.tolist())
+        absorbed = len(ordered) - len(ascending)
+        ordered = ordered[:len(ascending)] if self.up else ordered[absorbed:][::-1]
+        return self._keep(ascending, ordered)
 
     def _absorb(self, holes: list[int]) -> list[int]:
-        """Retreat the watermark past holes touching it; keep the rest as the
-        hole list (deepest first) and return them ascending.
-
-        `holes` are distinct and ascending. The hole array is rebuilt only
-        when its pages or their order change (an alloc drains from the deep
-        end, which keeps it in order).
-        """
-        hole_set = set(holes)
-        wm = self.watermark
-        if self.up:
-            while wm - 1 in hole_set:
-                wm -= 1
-                hole_set.discard(wm)
+        """Retreat the watermark past the holes touching it; return the
+        others. `holes` are distinct and ascending, and so is the result."""
+        wm, n = self.watermark, len(holes)
+        if self.up:  # the frontier holes are the top of the ascending list
+            k = n
+            while k and holes[k - 1] == wm - 1:
+                k, wm = k - 1, wm - 1
+            absorbed = n - k
         else:
-            while wm in hole_set:
-                hole_set.discard(wm)
-                wm += 1
-        absorbed = abs(wm - self.watermark)
-        if absorbed:  # the absorbed pages are the frontier end of `holes`
-            self.counters.absorbed_pages += absorbed
-            self.watermark = wm
-            holes = holes[:len(holes) - absorbed] if self.up else holes[absorbed:]
-        stored = holes if self.up else holes[::-1]
-        if absorbed or self.holes.tolist() != stored:
-            self.holes = np.asarray(stored, dtype=np.int64)
-        self._absorbed = (self.holes, holes, hole_set)
+            k = 0
+            while k < n and holes[k] == wm:
+                k, wm = k + 1, wm + 1
+            absorbed = k
+        if not absorbed:
+            return holes
+        self.counters.absorbed_pages += absorbed
+        self.watermark = wm
+        return holes[:n - absorbed] if self.up else holes[absorbed:]
+
+    def _keep(self, holes: list[int], stored: Optional[np.ndarray] = None) -> list[int]:
+        """Make `holes` (ascending) the hole list, deepest first; return it.
+        `stored`: that list as an array already (a view is fine)."""
+        if stored is None:
+            stored = np.array(holes if self.up else holes[::-1], dtype=np.int64)
+        self.holes = stored
+        owner = stored if stored.base is None else stored.base
+        self._absorbed = (stored, owner, holes)
         return holes
 
-    def _plan_pack(self, cap: Optional[int], blocked: set[int]):
-        """Pair the outermost survivors with the deepest holes (those the
-        last absorb left) until the two walks cross (the band is then dense
-        below its frontier)."""
-        _, holes, hole_set = self._absorbed
-        skip = hole_set | self.pending_set if self.pending_set else hole_set
-        deep = iter(holes) if self.up else reversed(holes)
+    def _plan_pack(self, holes: list[int], cap: Optional[int], urgent: bool):
+        """Pair the outermost survivors with the deepest holes (`holes`
+        ascending, as the last absorb left them) until the two walks cross
+        (the band is then dense below its frontier).
+
+        The survivor walk steps in from the frontier past holes (a pointer
+        into `holes` from its frontier end) and pending pages. Non-urgent,
+        it stops at a page the running forward writes; those are looked up
+        only once a move is about to be planned.
+        """
+        up, n = self.up, len(holes)
+        pending = self.pending_set
         low, high = self.span()
-        outer = range(high - 1, low - 1, -1) if self.up else range(low, high)
-        survivors = (p for p in outer if p not in skip)
+        step = -1 if up else 1  # the survivor walk's direction
+        p = high - 1 if up else low  # the next survivor candidate
+        k = n - 1 if up else 0  # the hole nearest the frontier not yet passed
+        blocked = None
         srcs: list[int] = []
         dsts: list[int] = []
-        for dst in deep:
-            src = next(survivors, None)
-            if src is None or (src < dst if self.up else src > dst):
+        for dst in holes if up else reversed(holes):
+            while (dst - p) * step >= 0:  # not yet crossed
+                if 0 <= k < n and holes[k] == p:
+                    k += step
+                elif p not in pending:
+                    break  # p is a survivor
+                p += step
+            else:
+                break  # crossed: the band is dense below its frontier
+            if cap is not None and len(srcs) >= cap:
                 break
-            if src in blocked or (cap is not None and len(srcs) >= cap):
-                break
-            srcs.append(src)
+            if not urgent:
+                if blocked is None:
+                    blocked = self.ctx.hazards.written_pages(self.name, self.v2p)
+                if p in blocked:
+                    break
+            srcs.append(p)
             dsts.append(dst)
+            p += step
         return srcs, dsts
 
     def violations(self) -> list[str]:
