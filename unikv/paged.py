@@ -10,16 +10,17 @@ here is the host twin of `unikv.kernels.reference.paged_extend` /
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
 from unikv.ids import as_ids, few
 
 
-@dataclass(frozen=True)
-class PagedRequest:
+class PagedRequest(NamedTuple):
+    """A checked paged alloc: per-request lengths and tail ids, and the
+    fresh pages and tokens the batch takes in all."""
+
     prefix: np.ndarray
     seq: np.ndarray
     last_loc: np.ndarray
@@ -199,6 +200,8 @@ def _extend_ids_one(prefix: int, seq: int, last: int, new_pages: np.ndarray, ps:
 def decode_ids(req: PagedRequest, new_pages: np.ndarray, page_size: int) -> np.ndarray:
     """One token per request at position `seq - 1`: `last_loc + 1` inside
     the tail page, else the next fresh page's first slot."""
+    if len(new_pages) == len(req.seq):  # every request opens a page
+        return new_pages * page_size
     out = req.last_loc + 1
     if len(new_pages):
         out[req.opens] = new_pages * page_size

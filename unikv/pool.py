@@ -12,7 +12,7 @@ from unikv import paged, samples, views
 from unikv.backends.sim import SimBackend
 from unikv.bands import UNIFIED_BANDS, BandContext
 from unikv.chain import Chain
-from unikv.extent import Kind
+from unikv.extent import Kind, take_all
 from unikv.hazards import Epoch, Hazards
 from unikv.ids import IdSpace, as_ids, check_count, check_range, few
 from unikv.layout import Layout, Side, Unit
@@ -196,18 +196,21 @@ class UnifiedPool:
         """Fresh virtual pages bound on every token band, or None."""
         if pages == 0:
             return np.zeros(0, dtype=np.int64)
-        plan = self.chain.plan_joint(self.token_order, pages)
+        chain, order = self.chain, self.token_order
+        old = chain.extents()
+        plan = take_all(old, order, pages, chain.total_bytes)
         if plan is None:
-            fits = lambda: self.chain.fits_joint(self.token_order, pages)  # noqa: E731
-            if not relieve(self.chain, {i: pages for i in self.token_order}, fits, self.counters):
+            fits = lambda: chain.fits_joint(order, pages)  # noqa: E731
+            if not relieve(chain, {i: pages for i in order}, fits, self.counters):
                 return None
-            plan = self.chain.plan_joint(self.token_order, pages)
+            old = chain.extents()
+            plan = take_all(old, order, pages, chain.total_bytes)
             if plan is None:  # fits and the plan share one arithmetic
                 raise RuntimeError(f"internal: {pages} pages fit but no take plan exists")
-        old = self.chain.extents()
         v_pages = self.vids.take(pages)
-        for i in self.token_order:
-            band = self.chain.bands[i]
+        bands = chain.bands
+        for i in order:
+            band = bands[i]
             band.bind(v_pages, band.adopt(old[i], plan[i]))
         return v_pages
 

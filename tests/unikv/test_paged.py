@@ -110,3 +110,13 @@ def test_small_batch_paths_accept_and_reject_like_the_vector_paths(ps, monkeypat
         with monkeypatch.context() as m:
             m.setattr(paged, "SMALL_BATCH", -1)
             assert run() == fast, (seq, last, ids, prefix, grown, given)
+
+
+@pytest.mark.parametrize("ps", [1, 4, 16])
+def test_decode_ids_when_every_request_opens_a_page(ps):
+    seq = (np.arange(1, 9, dtype=np.int64) * ps) + 1  # position seq - 1 starts a page
+    last = (np.arange(1, 9) * ps + ps - 1).astype(np.int64)
+    fresh = np.arange(100, 108, dtype=np.int64)
+    req = paged.PagedRequest(seq - 1, seq, last, 8, 8, np.ones(8, dtype=bool))
+    want = reference.paged_decode(torch.from_numpy(seq), torch.from_numpy(last), torch.from_numpy(fresh), ps)
+    assert paged.decode_ids(req, fresh, ps).tolist() == want.tolist() == (fresh * ps).tolist()
