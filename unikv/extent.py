@@ -73,6 +73,13 @@ class Extent(NamedTuple):
         return self.high * self.page_bytes
 
 
+# `new_extent(Extent, (kind, page_bytes, min_page, num_pages, low, high,
+# holes, live, cap))`: all nine fields, positional, without the Python frame
+# of NamedTuple.__new__ (half the cost; extents are rebuilt at every
+# mutation epoch and the capacity search builds them in its inner loop).
+new_extent = tuple.__new__
+
+
 def bound_below(chain: Sequence[Extent], i: int) -> int:
     """High byte of the nearest non-transparent band below `i` (0 if none)."""
     for j in range(i - 1, -1, -1):
@@ -150,8 +157,8 @@ def take(chain: Sequence[Extent], i: int, n: int, total_bytes: int) -> Optional[
             low, high = _float_extend(chain, i, ext, total_bytes)
     # Positional construction: NamedTuple._replace is several times slower,
     # and the capacity search calls this in its inner loop.
-    return Extent(e.kind, e.page_bytes, e.min_page, e.num_pages, low, high,
-                  e.holes - drain, e.live + n, e.cap)
+    return new_extent(Extent, (e.kind, e.page_bytes, e.min_page, e.num_pages, low, high,
+                         e.holes - drain, e.live + n, e.cap))
 
 
 def _float_extend(chain: Sequence[Extent], i: int, ext: int, total_bytes: int) -> tuple[int, int]:
@@ -294,7 +301,7 @@ def after_urgent_flush(e: Extent) -> Extent:
     if not e.holes or (e.kind is not UP and e.kind is not DOWN):
         return e
     low, high = (e.low, e.high - e.holes) if e.kind is UP else (e.low + e.holes, e.high)
-    return Extent(e.kind, e.page_bytes, e.min_page, e.num_pages, low, high, 0, e.live, e.cap)
+    return new_extent(Extent, (e.kind, e.page_bytes, e.min_page, e.num_pages, low, high, 0, e.live, e.cap))
 
 
 def chain_gap_bytes(chain: Sequence[Extent], sink_bytes: int, total_bytes: int) -> int:

@@ -12,7 +12,7 @@ from typing import Optional
 import numpy as np
 
 from unikv.bands.base import EMPTY, BandAllocator
-from unikv.extent import Extent, Kind
+from unikv.extent import Extent, Kind, new_extent
 from unikv.hazards import Tracked
 from unikv.layout import Grow
 
@@ -63,8 +63,8 @@ class EndBand(BandAllocator):
             low, high = g.min_page, self.watermark
         else:
             low, high = self.watermark, g.num_pages
-        return Extent(self.kind, g.page_bytes, g.min_page, g.num_pages, low, high,
-                      len(self.holes), self.live)
+        return new_extent(Extent, (self.kind, g.page_bytes, g.min_page, g.num_pages, low, high,
+                                   len(self.holes), self.live, 0))
 
     def pending_pages(self) -> int:
         return len(self.pending_set)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from unikv.bands.base import EMPTY, BandAllocator
-from unikv.extent import Extent, Kind
+from unikv.extent import BUDGET, REGION, Extent, Kind, new_extent
 from unikv.hazards import Tracked
 
 
@@ -31,8 +31,8 @@ class RegionBand(BandAllocator):
 
     def extent(self) -> Extent:
         g = self.geom
-        return Extent(Kind.REGION, g.page_bytes, g.min_page, g.num_pages, self.region_low,
-                      self.fill, len(self.holes), self.live, cap=self.region_high)
+        return new_extent(Extent, (REGION, g.page_bytes, g.min_page, g.num_pages, self.region_low,
+                                   self.fill, len(self.holes), self.live, self.region_high))
 
     def apply_extent(self, new: Extent) -> None:
         self.fill, self.live = new.high, new.live
@@ -65,6 +65,8 @@ class BudgetBand(BandAllocator):
 
     def reset(self) -> None:
         self.live = 0
+        chain = self.ctx.chain
+        self._budget_bytes = chain.total_bytes - chain.sink_bytes  # shared by every band
         # Free page ids as a stack (next-to-take last): O(k) per call.
         g = self.geom
         self._stack = np.arange(g.num_pages - 1, g.min_page - 1, -1, dtype=np.int64)
@@ -72,9 +74,8 @@ class BudgetBand(BandAllocator):
 
     def extent(self) -> Extent:
         g = self.geom
-        budget = self.ctx.chain.total_bytes - self.ctx.chain.sink_bytes
-        return Extent(Kind.BUDGET, g.page_bytes, g.min_page, g.num_pages, 0, 0, 0,
-                      self.live, cap=budget)
+        return new_extent(Extent, (BUDGET, g.page_bytes, g.min_page, g.num_pages, 0, 0, 0,
+                                   self.live, self._budget_bytes))
 
     def adopt(self, old: Extent, new: Extent) -> np.ndarray:
         n = new.live - old.live
