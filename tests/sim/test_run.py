@@ -270,3 +270,20 @@ def test_meta_tokens_are_one_shared_copy_held_for_the_run():
     with pytest.raises(ValueError, match="cannot hold the model's 100000 meta tokens"):
         Memory(plan.make_pool(SimBackend(), "lazy"), window_tokens=model.window_tokens,
                block_tokens=None, meta_tokens=100_000)
+
+
+def test_replay_pauses_the_cyclic_collector_and_restores_it():
+    import gc
+
+    from sim.run import gc_paused
+
+    seen = []
+    with gc_paused():
+        seen.append(gc.isenabled())
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        run(RunConfig(**SMALL))
+        assert not gc.isenabled()  # a caller's own setting is kept
+    finally:
+        gc.enable()
