@@ -51,16 +51,19 @@ class Hazards:
         self.backend = backend
         self.event: Optional[Any] = None
         self.writes: dict[str, np.ndarray] = {}
+        self._sets: dict[str, set[int]] = {}  # writes as sets, built on first ask
         self.settles = 0
 
     def set_forward(self, event: Any, writes: dict[str, np.ndarray]) -> None:
         """Record a launched forward; `writes` maps band name -> virtual pages."""
         self.event = event
         self.writes = writes
+        self._sets = {}
 
     def clear(self) -> None:
         self.event = None
         self.writes = {}
+        self._sets = {}
 
     def pending_event(self) -> Optional[Any]:
         """The forward's event while it is still running, else None."""
@@ -76,15 +79,18 @@ class Hazards:
         self.settles += 1
         self.clear()
 
-    def written_pages(self, name: str, v2p: np.ndarray) -> set[int]:
-        """Physical pages of band `name` the running forward writes.
+    def written(self, name: str) -> set[int]:
+        """Virtual pages of band `name` the running forward writes (empty
+        once it is done). A mover tests the virtual page of each physical
+        page it would move (`p2v`): while the forward runs none of its pages
+        can have moved (every mover settles or stops at them first)."""
+        if self.pending_event() is None:
+            return _NONE
+        found = self._sets.get(name)
+        if found is None:
+            pages = self.writes.get(name)
+            found = self._sets[name] = set() if pages is None else set(pages.tolist())
+        return found
 
-        Translated now, lazily, on the host tables: while the forward runs
-        none of its pages can have moved (every mover settles or stops at
-        them first).
-        """
-        if self.pending_event() is None or name not in self.writes:
-            return set()
-        pages = set(v2p[self.writes[name]].tolist())
-        pages.discard(-1)  # unbound
-        return pages
+
+_NONE: frozenset = frozenset()

@@ -93,7 +93,7 @@ def memo_ignores_epoch(mp) -> None:
 
 def flush_ignores_write_set(mp) -> None:
     """A non-urgent flush moves pages the running forward writes."""
-    mp.setattr(Hazards, "written_pages", lambda self, name, v2p: set())
+    mp.setattr(Hazards, "written", lambda self, name: set())
 
 
 def float_midpoint_ignores_size(mp) -> None:

@@ -42,7 +42,8 @@ class ReferenceEndBand(EndBand):
             self.ctx.hazards.settle()
             cap, blocked = None, set()
         else:
-            cap, blocked = self.ctx.move_cap, self.ctx.hazards.written_pages(self.name, self.v2p)
+            written = self.ctx.hazards.written(self.name)
+            cap, blocked = self.ctx.move_cap, {int(self.v2p[v]) for v in written if self.v2p[v] >= 0}
         srcs, dsts = self._reference_plan(holes, cap, blocked)
         if not srcs:
             return 0

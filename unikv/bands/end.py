@@ -223,8 +223,8 @@ class EndBand(BandAllocator):
 
         The survivor walk steps in from the frontier past holes (a pointer
         into `holes` from its frontier end) and pending pages. Non-urgent,
-        it stops at a page the running forward writes; those are looked up
-        only once a move is about to be planned.
+        it stops at a page the running forward writes (by its virtual page:
+        `Hazards.written`).
         """
         up, n = self.up, len(holes)
         pending = self.pending_set
@@ -248,8 +248,8 @@ class EndBand(BandAllocator):
                 break
             if not urgent:
                 if blocked is None:
-                    blocked = self.ctx.hazards.written_pages(self.name, self.v2p)
-                if p in blocked:
+                    blocked, p2v = self.ctx.hazards.written(self.name), self.p2v
+                if blocked and int(p2v[p]) in blocked:
                     break
             srcs.append(p)
             dsts.append(dst)
