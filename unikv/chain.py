@@ -79,11 +79,6 @@ class Chain:
             return pages <= hit[1]
         return take_all(self.extents(), order, pages, self.total_bytes) is not None
 
-    def plan_joint(self, order: Sequence[int], pages: int) -> Optional[list[Extent]]:
-        """The chain after a coupled take of `pages` on every band of
-        `order` (no move), or None when it does not fit."""
-        return take_all(self.extents(), order, pages, self.total_bytes)
-
     def band_pages(self, i: int, schedulable: bool = False) -> int:
         """Pages one take on band `i` alone gets without a move."""
         def compute() -> int:
