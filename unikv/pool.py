@@ -492,4 +492,8 @@ def _distinct(pages: np.ndarray, size: int) -> np.ndarray:
         seen = np.zeros(size, dtype=bool)
         seen[pages] = True
         return np.flatnonzero(seen)
-    return np.unique(pages)
+    out = np.sort(pages)  # then drop repeats: several times faster than np.unique
+    new = out[1:] != out[:-1]
+    if new.all():
+        return out
+    return out[np.concatenate(([True], new))]

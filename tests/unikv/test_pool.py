@@ -1,5 +1,6 @@
 """UnifiedPool's public surface: ids, paged allocs, errors, views."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -249,3 +250,14 @@ def test_usage_agrees_with_occupancy_on_random_states(kind, chain):
         free, gap, bands = p.usage()
         assert (free, gap) == (occ["free_bytes"], occ["gap_bytes"])
         assert bands == tuple(tuple(occ["bands"][n][k] for k in keys) for n in layout.names)
+
+
+def test_distinct_pages_equal_numpy_unique_on_every_path():
+    """The pool's dedupe (a sort below 2,048 ids, a presence mask above)."""
+    from unikv.pool import _distinct
+
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 2, 17, 300, 2047, 2048, 5000):
+        for high in (3, 50, 9000):
+            pages = rng.integers(0, high, n).astype(np.int64)
+            assert _distinct(pages, 9000).tolist() == np.unique(pages).tolist(), (n, high)
