@@ -14,6 +14,8 @@ import bisect
 import enum
 from typing import Mapping, NamedTuple, Optional, Sequence
 
+import numpy as np
+
 from unikv.layout import Side
 
 
@@ -345,16 +347,24 @@ def relocated(e: Extent, plan: Relocation) -> Extent:
                   len(plan.holes), e.live, e.cap)
 
 
-def absorb_plan(low: int, high: int, holes: Sequence[int]) -> Relocation:
-    """The span `[low, high)` shrunk past the holes on both its boundaries."""
-    free = set(holes)
-    while low < high and low in free:
-        free.discard(low)
-        low += 1
-    while high > low and high - 1 in free:
-        free.discard(high - 1)
-        high -= 1
-    return Relocation((), (), low, high, tuple(sorted(free)))
+def absorb_plan(low: int, high: int, holes) -> Relocation:
+    """The span `[low, high)` shrunk past the holes on both its boundaries
+    (`holes`: distinct pages inside the span, any order; a list or an
+    array). Sorted once in numpy: the leading run is the holes equal to
+    `low, low + 1, ...`, the trailing run those equal to `high - 1, ...`."""
+    s = np.sort(np.asarray(holes, dtype=np.int64))
+    n = len(s)
+    lead = _run_length(s - np.arange(low, low + n))
+    rest = s[lead:]
+    m = len(rest)
+    tail = _run_length(rest[::-1] - np.arange(high - 1, high - 1 - m, -1))
+    return Relocation((), (), low + lead, high - tail, tuple(rest[: m - tail].tolist()))
+
+
+def _run_length(diff: np.ndarray) -> int:
+    """How many leading entries of `diff` are 0."""
+    off = np.flatnonzero(diff)
+    return int(off[0]) if len(off) else len(diff)
 
 
 def room_plan(low: int, high: int, holes: Sequence[int], region: tuple[int, int], side: Side,

@@ -82,3 +82,29 @@ def test_slide_fits_agrees_with_slide_plan_on_churned_pools(seed):
                 assert demand_fits(trial, demand, p.chain.total_bytes)
             checked += 1
     assert checked == 2400
+
+
+def test_absorb_plan_equals_a_set_walk():
+    from unikv.extent import Relocation, absorb_plan
+
+    def walk(low, high, holes):
+        free = set(holes)
+        while low < high and low in free:
+            free.discard(low)
+            low += 1
+        while high > low and high - 1 in free:
+            free.discard(high - 1)
+            high -= 1
+        return Relocation((), (), low, high, tuple(sorted(free)))
+
+    rng = random.Random(11)
+    for _ in range(5000):
+        low = rng.randrange(0, 50)
+        span = list(range(low, low + rng.randrange(0, 40)))
+        holes = set(rng.sample(span, rng.randrange(0, len(span) + 1)))
+        if span and rng.random() < 0.5:  # runs on the boundaries
+            holes |= set(span[: rng.randrange(len(span))]) | set(span[len(span) - rng.randrange(len(span)):])
+        holes = list(holes)
+        rng.shuffle(holes)
+        high = low + len(span)
+        assert absorb_plan(low, high, holes) == walk(low, high, holes), (low, high, holes)

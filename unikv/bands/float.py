@@ -36,6 +36,7 @@ class FloatBand(BandAllocator):
         # Frees since the last absorb: only a free can put a hole on a
         # boundary, so a clean flag lets the absorb skip its host read.
         self.dirty = False
+        self._absorb_memo = None  # (holes array, span, plan) of the last plan_absorb
 
     @property
     def live(self) -> int:
@@ -90,10 +91,16 @@ class FloatBand(BandAllocator):
         if self._park_if_empty() or not self.dirty:
             return None
         h = self.holes
-        if not ((h == self.low).any() or (h == self.high - 1).any()):
-            return None  # no boundary hole (one vector scan, no host list)
-        plan = absorb_plan(self.low, self.high, h.tolist())
-        return plan if (plan.low, plan.high) != (self.low, self.high) else None
+        memo = self._absorb_memo
+        if memo is not None and memo[0] is h and memo[1] == (self.low, self.high):
+            return memo[2]  # asked again before anything changed (the policy, then the flush)
+        plan = None
+        if (h == self.low).any() or (h == self.high - 1).any():  # a boundary hole
+            plan = absorb_plan(self.low, self.high, h)
+            if (plan.low, plan.high) == (self.low, self.high):
+                plan = None
+        self._absorb_memo = (h, (self.low, self.high), plan)
+        return plan
 
     # -- on-demand relocation --
 
