@@ -15,6 +15,9 @@ import numpy as np
 import torch
 
 
+SMALL = 4  # up to this many ids, per-id Python steps are cheaper than numpy calls
+
+
 class IdSpace:
     """Virtual page ids `1..size-1` (0 is the sink) with a bind count each.
 
@@ -61,6 +64,15 @@ class IdSpace:
         """One holder lets go of each of `ids` (unique); ids nobody holds
         come back."""
         if len(ids) == 0:
+            return
+        if len(ids) <= SMALL:  # a few ids: Python steps beat numpy calls
+            binds, stack = self.binds, self._stack
+            for v in ids.tolist():
+                left = binds[v] - 1
+                binds[v] = left
+                if left == 0:
+                    stack[self._top] = v
+                    self._top += 1
             return
         left = self.binds[ids] - 1
         self.binds[ids] = left

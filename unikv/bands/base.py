@@ -10,6 +10,7 @@ import torch
 
 from unikv.extent import Extent, Kind, take
 from unikv.hazards import Epoch, Hazards
+from unikv.ids import SMALL
 from unikv.layout import BandGeometry
 from unikv.stats import BandCounters
 from unikv.tables import PageTables
@@ -138,9 +139,18 @@ class BandAllocator:
 
     def unbind(self, v_pages: np.ndarray) -> np.ndarray:
         """Tombstone `v_pages` (all bound here); return their physical pages."""
-        p_pages = self.v2p[v_pages]
-        self.v2p[v_pages] = -1
-        self.p2v[p_pages] = -1
+        v2p, p2v = self.v2p, self.p2v
+        if len(v_pages) <= SMALL:  # a few pages: Python steps beat numpy calls
+            found = []
+            for v in v_pages.tolist():
+                p = int(v2p[v])
+                v2p[v] = p2v[p] = -1
+                found.append(p)
+            p_pages = np.array(found, dtype=np.int64)
+        else:
+            p_pages = v2p[v_pages]
+            v2p[v_pages] = -1
+            p2v[p_pages] = -1
         self.tables.touch(self._v_at, v_pages)
         self.tables.touch(self._p_at, p_pages)
         self.counters.freed_pages += len(v_pages)
