@@ -166,8 +166,10 @@ class BandAllocator:
             return
         s = np.asarray(src, dtype=np.int64)
         d = np.asarray(dst, dtype=np.int64)
-        disjoint = len(np.intersect1d(s, d)) == 0
-        self.backend.move_pages(self.ctx.buffer, self.page_bytes, s, d, disjoint=disjoint)
+        buffer = self.ctx.buffer
+        if buffer is not None:  # bytes to copy (else the move is bookkeeping only)
+            disjoint = len(np.intersect1d(s, d)) == 0
+            self.backend.move_pages(buffer, self.page_bytes, s, d, disjoint=disjoint)
         v = self.p2v[s]
         self.p2v[s] = -1
         self.p2v[d] = v
