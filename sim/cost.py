@@ -226,7 +226,7 @@ class EngineStepCost:
 
     def __call__(self, prefill_tokens: int, decode_tokens: int, kv_bytes_read: int,
                  moved_bytes: int) -> float:
-        move_s = 2 * moved_bytes / self.hw.move_bytes_per_s
+        move_s = self.move_time_s(moved_bytes)
         tokens = prefill_tokens + decode_tokens
         if tokens == 0:
             return move_s

@@ -136,7 +136,7 @@ class Simulation:
             prefill_tokens += sum([c for _, c in admitted])
         decode = list(self.decoding)
         if self._counts["retracted"] != retracted:  # decoders may have left since
-            written = [r.pages[-1] * self.ps + (r.seq - 1) % self.ps for r in decode]
+            written = [r.last_loc(self.ps) for r in decode]
         batch = [r for r, _ in prefill] + decode
         event = self.pool.backend.new_event(f"step {self.steps}")
         self._launch(event, prefill, written)

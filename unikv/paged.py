@@ -89,7 +89,7 @@ def _small_extend_request(pool, prefix: np.ndarray, seq: np.ndarray, last: np.nd
         if p < 0 or s < p:
             return None
         slot = p % ps
-        if slot and not (0 <= t < high and (t + 1) % ps == slot and binds[t // ps]):
+        if slot and not _last_loc_ok(t, slot, ps, high, binds):
             return None
         total += s - p
         pages += -(-s // ps) - -(-p // ps)
@@ -130,10 +130,17 @@ def _small_decode_request(pool, seq: np.ndarray, last: np.ndarray) -> Optional[P
         if s < 1:
             return None
         slot = (s - 1) % ps
-        if slot and not (0 <= t < high and (t + 1) % ps == slot and binds[t // ps]):
+        if slot and not _last_loc_ok(t, slot, ps, high, binds):
             return None
         opens.append(not slot)
     return PagedRequest(seq - 1, seq, last, opens.count(True), len(opens), np.array(opens, dtype=bool))
+
+
+def _last_loc_ok(t: int, slot: int, ps: int, high: int, binds: np.ndarray) -> bool:
+    """Whether id `t` is on an allocated page, in `[0, high)`, at the slot
+    before `slot` (a prefix ending at `slot` of its last page): one
+    request's `_check_last_loc`, on Python ints."""
+    return 0 <= t < high and (t + 1) % ps == slot and bool(binds[t // ps])
 
 
 def _check_last_loc(pool, prefix: np.ndarray, last: np.ndarray, op: str,

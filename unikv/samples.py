@@ -57,9 +57,8 @@ def columns(pool, samples: Sequence[tuple[int, ...]]) -> dict[str, np.ndarray]:
                     f"{b.name}_pending_bytes": s["pending"] * pb,
                     f"{b.name}_occupied_bytes": high - low,
                     f"{b.name}_low_byte": low, f"{b.name}_high_byte": high})
-    layout = pool.layout
-    out["free_bytes"] = layout.total_bytes - layout.sink_bytes - live_total
-    out["gap_bytes"] = _gap_bytes(ext0, bands, layout.sink_bytes, layout.total_bytes)
+    out["free_bytes"] = chain.total_bytes - chain.sink_bytes - live_total
+    out["gap_bytes"] = _gap_bytes(ext0, bands, chain.sink_bytes, chain.total_bytes)
     out["available_tokens"] = _joint_pages(pool, ext0, bands, table) * pool.page_size
     return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
 
