@@ -214,8 +214,11 @@ class Simulation:
         need = self.reserve_ratio * (running_left + _tokens_left(new))
         ps = self.ps
         chunk_slots = (-(-(new.seq + chunk) // ps) - len(new.pages)) * ps
-        room = self.pool.available_size(schedulable=True) + self.mem.evictable_tokens() - chunk_slots
-        return room >= need
+        other = self.mem.evictable_tokens() - chunk_slots
+        # The live-count bound settles most refusals without the capacity search.
+        if self.pool.available_size_bound() + other < need:
+            return False
+        return self.pool.available_size(schedulable=True) + other >= need
 
     def _undo_admission(self, r: Request) -> None:
         self.mem.retract(r, self.env.now)

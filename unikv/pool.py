@@ -91,6 +91,7 @@ class UnifiedPool:
         # Alloc order: END bands first, the float last (it can pick a side).
         self.token_order = tuple(sorted((self.bands[n].index for n in self.token_names),
                                         key=lambda i: self.chain.bands[i].kind is Kind.FLOAT))
+        self._joint_page_bytes = sum(self.bands[n].page_bytes for n in self.token_names)
         self.vids = IdSpace(token_vspace, len(self.token_names))
         self.state_ids = {b.name: IdSpace(layout.geometry(b.name).usable_pages + 1, 1)
                           for b in layout.state_bands}
@@ -146,6 +147,18 @@ class UnifiedPool:
         if schedulable:
             return self.chain.schedulable_joint_pages(self.token_order) * self.page_size
         return self.chain.joint_pages(self.token_order) * self.page_size
+
+    def available_size_bound(self) -> int:
+        """An upper bound on `available_size(schedulable=True)`, from live
+        counts only: the bytes no band holds live (past the sink), in whole
+        joint pages. A coupled page takes one page on every token band, and
+        no flush, slide or eviction-free ladder step makes a live byte free.
+        For a caller that only needs to know the room is short: O(bands)."""
+        if not self.token_names:
+            return 0
+        chain = self.chain
+        free = chain.total_bytes - chain.sink_bytes - sum([b.live * b.page_bytes for b in chain.bands])
+        return max(0, free // self._joint_page_bytes) * self.page_size
 
     def available_state(self, band: str, schedulable: bool = False) -> int:
         """State slots `alloc_state(band, n)` takes now without moving a page."""

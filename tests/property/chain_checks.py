@@ -222,6 +222,9 @@ def capacity_violations(pool) -> list[str]:
         out.append(f"available_size() {fresh[0]} is not a multiple of {pool.page_size}")
     if fresh[1] < fresh[0]:
         out.append(f"available_size(schedulable=True) {fresh[1]} < available_size() {fresh[0]}")
+    bound = pool.available_size_bound()
+    if bound < fresh[1]:
+        out.append(f"available_size_bound() {bound} < available_size(schedulable=True) {fresh[1]}")
     return out
 
 

@@ -140,3 +140,18 @@ def test_the_last_resort_slide_packs_the_float_when_hole_moves_fall_short(monkey
     monkeypatch.setattr(policy, "_room_requests", real)
     p.epoch.bump()
     assert p.alloc(29) is not None and p.verify() == []
+
+
+def test_available_size_bound_counts_live_bytes_only_hand_computed():
+    # full_swa: 10,000 B, sink 200 B; one joint page = 200 + 100 B.
+    for kind in ("unified", "static", "oracle"):
+        p = pool(full_swa(), "lazy", kind)
+        assert p.available_size_bound() == 9800 // 300
+        v = p.alloc(10)
+        assert p.available_size_bound() == (9800 - 10 * 300) // 300
+        p.release(v[5:], "swa")  # 5 swa pages are free bytes again, wherever they lie
+        assert p.available_size_bound() == (9800 - 10 * 200 - 5 * 100) // 300
+        assert p.available_size_bound() >= p.available_size(schedulable=True)
+    m = pool(three_band())  # the state band's live bytes count too; no token: 0
+    m.alloc_state("mamba", 2)
+    assert m.available_size_bound() == (9000 - 2000) // 300
