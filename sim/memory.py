@@ -185,26 +185,39 @@ class Memory:
     def decode(self, reqs: list[Request]) -> Optional[list[int]]:
         """One new position for every request in `reqs` (no eviction): the
         virtual token ids the forward writes, in order, or None (nothing
-        allocated) on shortfall."""
+        allocated, every request as it was) on shortfall."""
         # Only requests whose new token opens a page change the pool; the
         # others write into their tail page (the pool's answer for them is
-        # last_loc + 1), so they need no call: the pool ends in the same state.
+        # last_loc + 1), so they need no call: the pool ends in the same
+        # state. One walk: each request's position advances as it is read
+        # (undone on a shortfall), openers get their id once the pool answers.
         ps = self.ps
-        opening = [r for r in reqs if r.seq % ps == 0]
+        ids: list[int] = []
+        opening: list[Request] = []
+        spots: list[int] = []  # where the openers' ids go in `ids`
+        seq: list[int] = []
+        last: list[int] = []
+        for r in reqs:
+            s = r.seq
+            r.seq = s + 1
+            if s % ps:  # position s on the tail page
+                ids.append(r.pages[-1] * ps + s % ps)
+            else:
+                opening.append(r)
+                spots.append(len(ids))
+                ids.append(-1)
+                seq.append(s + 1)
+                # last_loc: the slot of position s - 1 (s >= 1: a page is full)
+                last.append(r.pages[s // ps - 1] * ps + ps - 1 if s else -1)
         if opening:
-            seq = int64_ids([r.seq + 1 for r in opening])
-            # last_loc: the slot of position seq - 1 (seq >= 1: a page is full)
-            last = int64_ids([r.pages[r.seq // ps - 1] * ps + ps - 1 if r.seq else -1
-                                 for r in opening])
-            out = self.pool.alloc_decode(seq, last)
+            out = self.pool.alloc_decode(int64_ids(seq), int64_ids(last))
             if out is None:
+                for r in reqs:
+                    r.seq -= 1
                 return None
-            for r, t in zip(opening, out.tolist()):
+            for r, i, t in zip(opening, spots, out.tolist()):
                 r.pages.append(t // ps)
-        ids = []
-        for r in reqs:  # position seq, on the tail page (pages cover [0, seq + 1) now)
-            ids.append(r.pages[-1] * ps + r.seq % ps)
-            r.seq += 1
+                ids[i] = t  # the fresh page's first slot: position s
         return ids
 
     def ratchet(self, reqs: list[Request]) -> int:

@@ -51,7 +51,7 @@ class Hazards:
         self.backend = backend
         self.event: Optional[Any] = None
         self.writes: dict[str, np.ndarray] = {}
-        self._sets: dict[str, set[int]] = {}  # writes as sets, built on first ask
+        self._sets: dict[int, set[int]] = {}  # id(writes array) -> its set, built on first ask
         self.settles = 0
 
     def set_forward(self, event: Any, writes: dict[str, np.ndarray]) -> None:
@@ -86,10 +86,13 @@ class Hazards:
         can have moved (every mover settles or stops at them first)."""
         if self.pending_event() is None:
             return _NONE
-        found = self._sets.get(name)
+        pages = self.writes.get(name)
+        if pages is None:
+            return _NONE
+        # Keyed by the array: the token bands share one (a coupled write).
+        found = self._sets.get(id(pages))
         if found is None:
-            pages = self.writes.get(name)
-            found = self._sets[name] = set() if pages is None else set(pages.tolist())
+            found = self._sets[id(pages)] = set(pages.tolist())
         return found
 
 

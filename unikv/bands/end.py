@@ -131,6 +131,12 @@ class EndBand(BandAllocator):
             hazards.settle()
         else:
             hazards.pending_event()  # forget a finished forward, as before any plan
+            if not self.pending_set:  # the usual blocked case, without the walk:
+                # the frontier page is live (absorbed holes never touch it),
+                # so it is the first survivor the pack would move
+                written = hazards.written(self.name)
+                if written and int(self.p2v[self.watermark - 1 if self.up else self.watermark]) in written:
+                    return 0
         srcs, dsts = self._plan_pack(holes, None if urgent else self.ctx.move_cap, urgent)
         if not srcs:
             return 0  # nothing moved: the hole list stays as absorbed
