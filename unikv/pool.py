@@ -255,17 +255,17 @@ class UnifiedPool:
         if start_pos is not None:
             start_pos = check_count(start_pos, "release: start_pos")
             t = paged.page_representatives(t, start_pos, self.page_size)
-        pages = self._live_token_pages(t, "release", allow_sink=True)
-        pages = pages[target.v2p[pages] >= 0]
+        pages = self._live_token_pages(t, "release", allow_sink=True, bound_on=target)
         moves = self._unbind(target, pages)
         self.vids.drop(pages)
         return moves
 
-    def _live_token_pages(self, ids, op: str, allow_sink: bool = False) -> np.ndarray:
-        """The distinct virtual pages of token `ids`, all allocated."""
+    def _live_token_pages(self, ids, op: str, allow_sink: bool = False, bound_on=None) -> np.ndarray:
+        """The distinct virtual pages of token `ids`, all allocated (and of
+        those, the ones band `bound_on` binds, when given)."""
         t = as_ids(ids, f"{op}: ids")
         if len(t) <= paged.SMALL_BATCH:
-            pages = self._few_live_token_pages(t, allow_sink)
+            pages = self._few_live_token_pages(t, allow_sink, bound_on)
             if pages is not None:
                 return pages
         check_range(t, 0, self.vids.size * self.page_size, f"{op}: token ids")
@@ -276,9 +276,11 @@ class UnifiedPool:
         if len(dead):
             raise ValueError(f"{op}: virtual pages {few(dead)} are not allocated "
                              "(never allocated, or already freed)")
+        if bound_on is not None:
+            pages = pages[bound_on.v2p[pages] >= 0]
         return pages
 
-    def _few_live_token_pages(self, t: np.ndarray, allow_sink: bool) -> Optional[np.ndarray]:
+    def _few_live_token_pages(self, t: np.ndarray, allow_sink: bool, bound_on=None) -> Optional[np.ndarray]:
         """`_live_token_pages` of a few ids, on Python ints; None when a
         check fails (the vector path then names the offenders)."""
         ps, binds = self.page_size, self.vids.binds
@@ -293,6 +295,9 @@ class UnifiedPool:
         for v in pages:
             if binds[v] <= 0:
                 return None
+        if bound_on is not None:
+            v2p = bound_on.v2p
+            return np.array(sorted([v for v in pages if v2p[v] >= 0]), dtype=np.int64)
         return np.array(sorted(pages), dtype=np.int64)
 
     def _unbind(self, band, v_pages: np.ndarray) -> int:
