@@ -210,6 +210,16 @@ class UnifiedPool:
         if pages == 0:
             return np.zeros(0, dtype=np.int64)
         chain, order = self.chain, self.token_order
+        bands = chain.bands
+        for i in order:
+            if len(bands[i].holes) < pages:
+                break
+        else:  # every band drains holes only: the frontiers stay, nothing to plan
+            v_pages = self.vids.take(pages)
+            for i in order:
+                band = bands[i]
+                band.bind(v_pages, band.take_holes(pages))
+            return v_pages
         old = chain.extents()
         plan = take_all(old, order, pages, chain.total_bytes)
         if plan is None:
@@ -221,7 +231,6 @@ class UnifiedPool:
             if plan is None:  # fits and the plan share one arithmetic
                 raise RuntimeError(f"internal: {pages} pages fit but no take plan exists")
         v_pages = self.vids.take(pages)
-        bands = chain.bands
         for i in order:
             band = bands[i]
             band.bind(v_pages, band.adopt(old[i], plan[i]))

@@ -66,6 +66,8 @@ class BandAllocator:
 
     # -- state every subclass defines --
 
+    holes: np.ndarray = EMPTY  # a band with no holes (the oracle's budget) keeps this
+
     def reset(self) -> None:
         """Return to the empty state (tables are reset by `clear`)."""
         raise NotImplementedError
@@ -98,6 +100,20 @@ class BandAllocator:
     def apply_extent(self, new: Extent) -> None:
         """Adopt the frontier and live count of `new` after a take."""
         raise NotImplementedError
+
+    def take_holes(self, n: int) -> np.ndarray:
+        """The first `n` holes as new live pages (`n <= len(holes)`): what
+        a take does when the holes cover it (`adopt` of a drain-only plan,
+        the frontier unchanged), without the chain arithmetic."""
+        drained = self.holes[:n]
+        self.holes = self.holes[n:]
+        self.gain_live(n)
+        return drained
+
+    def gain_live(self, n: int) -> None:
+        """Count `n` more live pages (bands whose live count is derived
+        from their span and holes override this with nothing)."""
+        self.live = self.live + n
 
     def release(self, p_pages: np.ndarray) -> int:
         """Return pages already unbound from the tables; returns page moves."""

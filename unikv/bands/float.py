@@ -52,6 +52,9 @@ class FloatBand(BandAllocator):
     def apply_extent(self, new: Extent) -> None:
         self.low, self.high = new.low, new.high
 
+    def gain_live(self, n: int) -> None:
+        pass  # live is the span less the holes
+
     def release(self, p_pages: np.ndarray) -> int:
         if len(p_pages) == 0:
             return 0
