@@ -398,8 +398,8 @@ class UnifiedPool:
         wait for the event before reuse."""
         writes: dict[str, np.ndarray] = {}
         if write_ids is not None:
-            pages = as_ids(write_ids, "set_inflight_forward: write_ids") // self.page_size
-            writes.update({n: pages for n in self.token_names})
+            pages = paged.page_of(as_ids(write_ids, "set_inflight_forward: write_ids"), self.page_size)
+            writes = dict.fromkeys(self.token_names, pages)  # one array: the writes are coupled
         for name, ids in (state_write_ids or {}).items():
             self._state_band(name)
             writes[name] = as_ids(ids, f"set_inflight_forward: state ids of {name!r}")

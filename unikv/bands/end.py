@@ -38,11 +38,12 @@ class EndBand(BandAllocator):
         self.pending: list[tuple[object, list[int]]] = []
         self.pending_set: set[int] = set()
         # The hole array the last absorb left, the array owning its memory
-        # and its pages ascending: while `holes` is that array or a view of
-        # its owner, it is sorted and touches no frontier (allocs drain holes
-        # by slicing the array and extend with live pages), so a flush needs
-        # no second sort and absorb (`_absorbed_holes`).
-        self._absorbed: tuple[np.ndarray, np.ndarray, list[int]] = (EMPTY, EMPTY, [])
+        # and its pages ascending (None until a pack asks): while `holes` is
+        # that array or a view of its owner, it is sorted and touches no
+        # frontier (allocs drain holes by slicing the array and extend with
+        # live pages), so a flush needs no second sort and absorb
+        # (`_absorb_holes`).
+        self._absorbed: tuple[np.ndarray, np.ndarray, Optional[list[int]]] = (EMPTY, EMPTY, [])
 
     def _reset_frontier(self) -> None:
         self.watermark = self.geom.min_page if self.up else self.geom.num_pages
@@ -123,8 +124,7 @@ class EndBand(BandAllocator):
             self._drain_pending(urgent)
         elif len(self.holes) == 0:
             return 0  # nothing freed since the last flush
-        holes = self._absorbed_holes()
-        if not holes:
+        if not self._absorb_holes():
             return 0
         hazards = self.ctx.hazards
         if urgent:
@@ -137,6 +137,7 @@ class EndBand(BandAllocator):
                 written = hazards.written(self.name)
                 if written and int(self.p2v[self.watermark - 1 if self.up else self.watermark]) in written:
                     return 0
+        holes = self._ascending()
         srcs, dsts = self._plan_pack(holes, None if urgent else self.ctx.move_cap, urgent)
         if not srcs:
             return 0  # nothing moved: the hole list stays as absorbed
@@ -168,29 +169,45 @@ class EndBand(BandAllocator):
         if ready:
             self.holes = np.concatenate([self.holes, np.asarray(ready, dtype=np.int64)])
 
-    def _absorbed_holes(self) -> list[int]:
-        """The holes ascending, frontier holes absorbed first.
+    def _absorb_holes(self) -> bool:
+        """Sort the hole list (deepest first) and absorb the holes touching
+        the frontier; whether any hole is left.
 
-        The last absorb's hole list is kept sorted (deepest first) with its
-        pages ascending. Allocs drain it from the deep end by slicing, so a
-        view of that array means drains only: the same pages minus the
-        deepest, still in order and clear of the frontier. Anything else
-        (pages appended by frees) is sorted again.
+        The last absorb's hole array is remembered with the array owning
+        its memory (and, once a pack asked for it, its pages ascending as a
+        list). Allocs drain it from the deep end by slicing, so a view of
+        that array means drains only: the same pages minus the deepest,
+        still in order and clear of the frontier. Anything else (pages
+        appended by frees) is sorted again.
         """
         array, owner, ascending = self._absorbed
         holes = self.holes
         if holes is array:
-            return ascending
+            return len(holes) > 0
         if holes.base is owner:  # drained from the deep end only
             n = len(holes)
-            ascending = ascending[len(ascending) - n:] if self.up else ascending[:n]
+            if ascending is not None:
+                ascending = ascending[len(ascending) - n:] if self.up else ascending[:n]
             self._absorbed = (holes, owner, ascending)
-            return ascending
+            return n > 0
         ordered = np.sort(holes)
+        if len(ordered) and int(ordered[-1] if self.up else ordered[0]) != (
+                self.watermark - 1 if self.up else self.watermark):
+            # no hole touches the frontier (the usual case): nothing to absorb
+            self._keep(None, ordered if self.up else ordered[::-1])
+            return True
         ascending = self._absorb(ordered.tolist())
         absorbed = len(ordered) - len(ascending)
         ordered = ordered[:len(ascending)] if self.up else ordered[absorbed:][::-1]
-        return self._keep(ascending, ordered)
+        return bool(self._keep(ascending, ordered))
+
+    def _ascending(self) -> list[int]:
+        """The absorbed holes' pages ascending (`_absorb_holes` first)."""
+        array, owner, ascending = self._absorbed
+        if ascending is None:
+            ascending = array.tolist() if self.up else array[::-1].tolist()
+            self._absorbed = (array, owner, ascending)
+        return ascending
 
     def _absorb(self, holes: list[int]) -> list[int]:
         """Retreat the watermark past the holes touching it; return the
@@ -212,9 +229,10 @@ class EndBand(BandAllocator):
         self.watermark = wm
         return holes[:n - absorbed] if self.up else holes[absorbed:]
 
-    def _keep(self, holes: list[int], stored: Optional[np.ndarray] = None) -> list[int]:
+    def _keep(self, holes: Optional[list[int]], stored: Optional[np.ndarray] = None) -> list[int]:
         """Make `holes` (ascending) the hole list, deepest first; return it.
-        `stored`: that list as an array already (a view is fine)."""
+        `stored`: that list as an array already (a view is fine); `holes`
+        may then be None, for `_ascending` to build on demand."""
         if stored is None:
             stored = np.array(holes if self.up else holes[::-1], dtype=np.int64)
         self.holes = stored
