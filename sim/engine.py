@@ -176,11 +176,18 @@ class Simulation:
         left = None  # tokens the running requests have yet to produce (see _reserve_holds)
         while self.waiting and len(self.running) < self.max_running and budget > 0:
             r = self.waiting[0]
-            self.mem.take_hit(r, now)
-            chunk = min(r.prefill_left, budget)
             if left is None and self.reserve_ratio > 0:
                 left = sum([x.output_tokens - x.generated for x in self.decoding]) \
                     + sum([_tokens_left(x) for x in self.prefilling])
+            if self.mem.cache is None and not self._room_for(
+                    r.output_tokens - r.generated + r.context_tokens, 0, 0,
+                    min(r.context_tokens, budget), left):
+                # Without a cache there is no hit: the reserve is asked with
+                # the numbers take_hit would set, and a refusal leaves the
+                # request untouched (take_hit then _undo_admission would).
+                break
+            self.mem.take_hit(r, now)
+            chunk = min(r.prefill_left, budget)
             # Ask, then act: the reserve is checked before the state slot and
             # the chunk are allocated (an allocation undone costs as much as
             # one kept, and its holes cost flushes). A state slot only takes
@@ -209,11 +216,17 @@ class Simulation:
         free pool room plus what evicting unlocked cached blocks would free
         (SGLang counts evictable cached tokens as available), less the
         chunk's new pages."""
+        return self._room_for(_tokens_left(new), new.seq, len(new.pages), chunk, running_left)
+
+    def _room_for(self, new_left: int, seq: int, held_pages: int, chunk: int,
+                  running_left: Optional[int]) -> bool:
+        """`_reserve_holds` of a request with `new_left` tokens yet to
+        produce, `seq` positions on `held_pages` pages, taking `chunk` more."""
         if self.reserve_ratio <= 0 or not self.running:
             return True
-        need = self.reserve_ratio * (running_left + _tokens_left(new))
+        need = self.reserve_ratio * (running_left + new_left)
         ps = self.ps
-        chunk_slots = (-(-(new.seq + chunk) // ps) - len(new.pages)) * ps
+        chunk_slots = (-(-(seq + chunk) // ps) - held_pages) * ps
         other = self.mem.evictable_tokens() - chunk_slots
         # The live-count bound settles most refusals without the capacity search.
         if self.pool.available_size_bound() + other < need:
