@@ -351,14 +351,14 @@ class Simulation:
         epoch = self.pool.epoch.value
         if self._sample is None or self._sample[0] != epoch:  # the pool changed since the last row
             self._sample = (epoch, self.pool.sample())
-        running = self.running
-        slots = sum([len(r.pages) for r in running]) * self.ps
+        mem = self.mem
+        slots = mem.held_pages * self.ps  # the running requests' pages (Memory keeps the sums)
         counts = self._counts
         self.recorder.step((
-            self.steps, self.env.now, dt, len(running), len(self.waiting), prefill_tokens,
+            self.steps, self.env.now, dt, len(self.running), len(self.waiting), prefill_tokens,
             decode_tokens, counts["admitted"], counts["finished"], counts["retracted"],
-            counts["rejected"], self.mem.evictions, self.mem.cache.pages if self.mem.cache else 0,
-            slots - sum([r.seq for r in running]), slots,
+            counts["rejected"], mem.evictions, mem.cache.pages if mem.cache else 0,
+            slots - mem.held_seq, slots,
             sum([c.moves for c in self._band_counters]), moved,
         ), self._sample[1])
 

@@ -52,6 +52,11 @@ class Memory:
                              f"page_size={self.ps}")
         self.cache = PrefixCache(block_tokens) if block_tokens else None
         self.evictions = 0
+        # Positions and pages (shared ones included) summed over the requests
+        # holding memory (the running ones), kept as they change: the step
+        # record reads them every step (`check` recomputes them).
+        self.held_seq = 0
+        self.held_pages = 0
         # Bytes per token of each token band, and of a coupled token alloc.
         self.token_bytes = {n: pool.layout.geometry(n).band.entry_bytes for n in pool.token_names}
         self.token_entry_bytes = sum(self.token_bytes.values())
@@ -143,11 +148,14 @@ class Memory:
         path = self.usable_hit(req)
         if self.cache is not None:
             self.cache.lock(path, now)
+        self._forget(req)
         req.nodes = path
         req.pages = [p for node in path for p in node.pages]
         req.shared_pages = req.swa_released = len(req.pages)
         hit = len(path) * self.cache.block_tokens if path else 0
         req.seq = req.prefilled = req.hit_tokens = hit
+        self.held_seq += hit
+        self.held_pages += len(req.pages)
         req.prefill_target = req.context_tokens
 
     def take_state(self, req: Request) -> bool:
@@ -169,8 +177,11 @@ class Memory:
         out = self.pool.alloc_extend([req.seq], [req.seq + tokens], [last], tokens)
         if out is None:
             return False
+        held = len(req.pages)
         self._append(req, req.seq, out)
         req.seq += tokens
+        self.held_seq += tokens
+        self.held_pages += len(req.pages) - held
         return True
 
     def _append(self, req: Request, start: int, ids: torch.Tensor) -> None:
@@ -218,6 +229,8 @@ class Memory:
             for r, i, t in zip(opening, spots, out.tolist()):
                 r.pages.append(t // ps)
                 ids[i] = t  # the fresh page's first slot: position s
+            self.held_pages += len(opening)
+        self.held_seq += len(reqs)
         return ids
 
     def ratchet(self, reqs: list[Request]) -> int:
@@ -248,6 +261,7 @@ class Memory:
         self._free_pages(own)
         if state is not None:
             self.pool.free_state(self.state_band, [state])
+        self._forget(req)
         req.pages, req.nodes, req.state = [], [], None
 
     def _insert(self, req: Request, now: float):
@@ -294,8 +308,15 @@ class Memory:
         self._free_pages(req.pages[req.shared_pages:])
         if req.state is not None:
             self.pool.free_state(self.state_band, [req.state])
+        self._forget(req)
         req.reset_progress()
         req.retractions += 1
+
+    def _forget(self, req: Request) -> None:
+        """Take `req`'s positions and pages out of the held totals (its
+        pages are about to be dropped or replaced)."""
+        self.held_seq -= req.seq if req.pages else 0
+        self.held_pages -= len(req.pages)
 
     # -- accounting --
 
@@ -309,6 +330,10 @@ class Memory:
                 held.extend(node.pages)
                 if node.state is not None:
                     states.append(node.state)
+        seq, pages = sum(r.seq for r in running), sum(len(r.pages) for r in running)
+        if (self.held_seq, self.held_pages) != (seq, pages):
+            out.append(f"held totals (seq {self.held_seq}, pages {self.held_pages}) != the running "
+                       f"requests' (seq {seq}, pages {pages})")
         if len(set(held)) != len(held):
             out.append("a virtual page is held twice")
         if self.cache is not None:
