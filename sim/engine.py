@@ -251,17 +251,14 @@ class Simulation:
 
     def _decode(self) -> list[int]:
         """One token for every decoding request (their ids); on a shortfall
-        the victims of a retraction leave `decoding` and the rest try again."""
-        written: Optional[list[int]] = None
-
-        def attempt() -> bool:
-            nonlocal written
-            written = self.mem.decode(self.decoding)
-            return written is not None
-
+        evict cached blocks, then retract the newest running request (it
+        leaves `decoding` if it was there) and try again with the rest."""
         while self.decoding:
-            if self._alloc_or_retract(attempt, keep=None):
+            written = self.mem.decode(self.decoding)
+            if written is not None:
                 return written
+            if not self.mem.evict_some():
+                self._retract(self.running[-1])  # decoders run: running is not empty
         return []
 
     def _with_eviction(self, attempt: Callable[[], bool]) -> bool:
