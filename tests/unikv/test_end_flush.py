@@ -157,8 +157,11 @@ def small_layout(up_first: bool) -> Layout:
     return Layout(total_bytes=20_000, bands=bands)
 
 
+@pytest.mark.parametrize("vector", [False, True], ids=["walk", "numpy"])
 @pytest.mark.parametrize("seed", range(12))
-def test_lazy_flush_matches_the_reference(seed):
+def test_lazy_flush_matches_the_reference(seed, vector, monkeypatch):
+    if vector:  # every pack planned by `_plan_pack_vector`, however few holes
+        monkeypatch.setattr("unikv.bands.end.VECTOR_PACK", 1)
     rng = random.Random(seed)
     layout = full_swa() if seed % 3 == 0 else small_layout(up_first=seed % 2 == 0)
     run = Lockstep(layout, rng, move_cap=rng.choice([1, 3, 4096]))

@@ -17,6 +17,9 @@ from unikv.hazards import Tracked
 from unikv.layout import Grow
 
 
+VECTOR_PACK = 48  # hole lists this long are paired in numpy (`_plan_pack_vector`)
+
+
 class EndBand(BandAllocator):
     """An END band (grow up or down) over its own page grid.
 
@@ -251,6 +254,8 @@ class EndBand(BandAllocator):
         `Hazards.written`).
         """
         up, n = self.up, len(holes)
+        if n >= VECTOR_PACK:
+            return self._plan_pack_vector(holes, cap, urgent)
         pending = self.pending_set
         low, high = self.span()
         step = -1 if up else 1  # the survivor walk's direction
@@ -279,6 +284,42 @@ class EndBand(BandAllocator):
             dsts.append(dst)
             p += step
         return srcs, dsts
+
+    def _plan_pack_vector(self, holes: list[int], cap: Optional[int], urgent: bool):
+        """`_plan_pack` in numpy, for long hole lists: the j-th survivor from
+        the frontier pairs with the j-th deepest hole while it lies beyond
+        it (survivors fall, holes rise, so the pairs that do form a prefix);
+        then the cap, then the first page the running forward writes."""
+        n = len(holes)
+        low, high = self.span()
+        # The n outermost survivors lie in the n + |holes| + |pending| pages
+        # next to the frontier.
+        width = min(high - low, 2 * n + len(self.pending_set))
+        start = high - width if self.up else low
+        free = np.zeros(width, dtype=bool)
+        deep = self.holes  # deepest first: ascending growing up, descending growing down
+        near = deep[(deep >= start) & (deep < start + width)]
+        free[near - start] = True
+        if self.pending_set:
+            pend = np.fromiter(self.pending_set, dtype=np.int64, count=len(self.pending_set))
+            free[pend[(pend >= start) & (pend < start + width)] - start] = True
+        pages = np.arange(start, start + width, dtype=np.int64)
+        survivors = pages[~free]
+        if self.up:
+            survivors = survivors[::-1]  # from the frontier inward
+        k = min(len(survivors), n)
+        srcs, dsts = survivors[:k], deep[:k]
+        k = int(np.count_nonzero(srcs > dsts if self.up else srcs < dsts))
+        if cap is not None:
+            k = min(k, cap)
+        if not urgent and k:
+            blocked = self.ctx.hazards.written(self.name)
+            if blocked:
+                for j, v in enumerate(self.p2v[srcs[:k]].tolist()):
+                    if v in blocked:
+                        k = j
+                        break
+        return srcs[:k].tolist(), dsts[:k].tolist()
 
     def violations(self) -> list[str]:
         out: list[str] = []
