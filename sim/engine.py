@@ -328,7 +328,12 @@ class Simulation:
             r.finished_s = now
             self._counts["finished"] += 1
             self._retire(r)
-        self.mem.ratchet(self.running)
+        # Ratchet the requests whose positions moved (see Memory.ratchet);
+        # those that finished or were retracted since hold no pages.
+        moved = [r for r in self.mem.window_due if r.pages]
+        moved += [r for r, _ in prefill if r.pages]
+        self.mem.window_due = []
+        self.mem.ratchet(moved)
 
     def _retire(self, r: Request) -> None:
         self.recorder.request(r)

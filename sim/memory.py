@@ -57,6 +57,10 @@ class Memory:
         # record reads them every step (`check` recomputes them).
         self.held_seq = 0
         self.held_pages = 0
+        # Decoders whose last decode moved a page boundary out of the window
+        # (`window_due`): a decode step changes no other ratchet.
+        self.window_due: list[Request] = []
+        self._due_slot = (window_tokens - 1) % self.ps if self.swa else -1
         # Bytes per token of each token band, and of a coupled token alloc.
         self.token_bytes = {n: pool.layout.geometry(n).band.entry_bytes for n in pool.token_names}
         self.token_entry_bytes = sum(self.token_bytes.values())
@@ -202,8 +206,9 @@ class Memory:
         # last_loc + 1), so they need no call: the pool ends in the same
         # state. One walk: each request's position advances as it is read
         # (undone on a shortfall), openers get their id once the pool answers.
-        ps = self.ps
+        ps, due_slot = self.ps, self._due_slot
         ids: list[int] = []
+        due: list[Request] = []  # position s + 1 puts a page boundary at the window's edge
         opening: list[Request] = []
         spots: list[int] = []  # where the openers' ids go in `ids`
         seq: list[int] = []
@@ -211,8 +216,11 @@ class Memory:
         for r in reqs:
             s = r.seq
             r.seq = s + 1
-            if s % ps:  # position s on the tail page
-                ids.append(r.pages[-1] * ps + s % ps)
+            m = s % ps
+            if m == due_slot:
+                due.append(r)
+            if m:  # position s on the tail page
+                ids.append(r.pages[-1] * ps + m)
             else:
                 opening.append(r)
                 spots.append(len(ids))
@@ -231,11 +239,18 @@ class Memory:
                 ids[i] = t  # the fresh page's first slot: position s
             self.held_pages += len(opening)
         self.held_seq += len(reqs)
+        self.window_due = due
         return ids
 
     def ratchet(self, reqs: list[Request]) -> int:
         """Release on the window band every own page fully out of the window;
-        returns pages released."""
+        returns pages released.
+
+        Only requests whose positions moved since their last ratchet can
+        have such pages: after a step, the step's prefill requests and,
+        of its decoders, those in `window_due` (a decode moves the window
+        by one position, so a page leaves it only when `(seq - window)`
+        crosses a page boundary)."""
         if not self.swa:
             return 0
         reps = []
@@ -330,6 +345,10 @@ class Memory:
                 held.extend(node.pages)
                 if node.state is not None:
                     states.append(node.state)
+        if self.swa:
+            late = [r.rid for r in running if (r.seq - self.window) // self.ps > r.swa_released]
+            if late:
+                out.append(f"requests {late[:8]} hold window pages the ratchet has not released")
         seq, pages = sum(r.seq for r in running), sum(len(r.pages) for r in running)
         if (self.held_seq, self.held_pages) != (seq, pages):
             out.append(f"held totals (seq {self.held_seq}, pages {self.held_pages}) != the running "
