@@ -69,6 +69,7 @@ class Simulation:
         self.decoding: list[Request] = []
         self.prefilling: list[Request] = []
         self._admissions = 0
+        self._left = 0  # tokens the running requests have yet to produce, kept as they change
         self.recorder = Recorder(self.pool.bands, self.pool.sample_columns,
                                  token_entry_bytes=memory.token_entry_bytes,
                                  move_time_s=getattr(step_cost, "move_time_s", lambda moved: 0.0 * moved),
@@ -173,12 +174,9 @@ class Simulation:
         if not self.waiting:
             return out
         now = self.env.now
-        left = None  # tokens the running requests have yet to produce (see _reserve_holds)
         while self.waiting and len(self.running) < self.max_running and budget > 0:
             r = self.waiting[0]
-            if left is None and self.reserve_ratio > 0:
-                left = sum([x.output_tokens - x.generated for x in self.decoding]) \
-                    + sum([_tokens_left(x) for x in self.prefilling])
+            left = self._left  # the running requests' tokens to produce (see _reserve_holds)
             if self.mem.cache is None and not self._room_for(
                     r.output_tokens - r.generated + r.context_tokens, 0, 0,
                     min(r.context_tokens, budget), left):
@@ -200,8 +198,6 @@ class Simulation:
                 break
             self.waiting.popleft()
             self._start(r)
-            if left is not None:
-                left += _tokens_left(r)
             if r.admitted_s is None:
                 r.admitted_s = now
                 self._counts["admitted"] += 1
@@ -243,11 +239,13 @@ class Simulation:
         self._admissions += 1
         self.running.append(r)
         self.prefilling.append(r)
+        self._left += _tokens_left(r)
 
     def _stop(self, r: Request) -> None:
         """`r` leaves the running requests."""
         self.running.remove(r)
         (self.decoding if r in self.decoding else self.prefilling).remove(r)
+        self._left -= _tokens_left(r)
 
     def _decode(self) -> list[int]:
         """One token for every decoding request (their ids); on a shortfall
@@ -310,11 +308,14 @@ class Simulation:
             r.generated += 1
             if r.generated >= r.output_tokens:
                 finished.append(r)
+        self._left -= len(decode)
         for r, chunk in prefill:
             r.prefilled += chunk
+            self._left -= chunk
             if r.prefilled == r.prefill_target:  # decoding from the next step on
                 if r.generated == 0:
                     r.generated = 1
+                    self._left -= 1
                     r.first_token_s = now
                 self.prefilling.remove(r)
                 bisect.insort(self.decoding, r, key=_order)
@@ -366,6 +367,9 @@ class Simulation:
 
     def _check(self) -> None:
         problems = self.pool.verify() + self.mem.check(self.running)
+        left = sum([_tokens_left(r) for r in self.running])
+        if left != self._left:
+            problems.append(f"tokens left to produce {self._left} != {left} recounted")
         if problems:
             self.violations.extend(f"step {self.steps}: {p}" for p in problems)
 
