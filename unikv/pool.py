@@ -88,6 +88,7 @@ class UnifiedPool:
             self.bands[g.band.name] = cls(g, ctx, self.counters.bands[g.band.name])
         self.chain.bands = list(self.bands.values())
         self.token_names = [b.name for b in layout.token_bands]
+        self._token_bands = {n: self.bands[n] for n in self.token_names}
         # Alloc order: END bands first, the float last (it can pick a side).
         self.token_order = tuple(sorted((self.bands[n].index for n in self.token_names),
                                         key=lambda i: self.chain.bands[i].kind is Kind.FLOAT))
@@ -211,29 +212,28 @@ class UnifiedPool:
             return np.zeros(0, dtype=np.int64)
         chain, order = self.chain, self.token_order
         bands = chain.bands
-        for i in order:
-            if len(bands[i].holes) < pages:
-                break
-        else:  # every band drains holes only: the frontiers stay, nothing to plan
-            v_pages = self.vids.take(pages)
-            for i in order:
-                band = bands[i]
-                band.bind(v_pages, band.take_holes(pages))
-            return v_pages
-        old = chain.extents()
-        plan = take_all(old, order, pages, chain.total_bytes)
-        if plan is None:
-            fits = lambda: chain.fits_joint(order, pages)  # noqa: E731
-            if not relieve(chain, {i: pages for i in order}, fits, self.counters):
-                return None
+        # A band whose holes cover the take drains them (`take_holes`): its
+        # frontier stays, so only the bands that must extend are planned (a
+        # drain moves no frontier and makes no float transparent, so their
+        # plan is the one the whole chain's would be).
+        drains = [len(bands[i].holes) >= pages for i in order]
+        extend = [i for i, d in zip(order, drains) if not d]
+        if extend:
             old = chain.extents()
-            plan = take_all(old, order, pages, chain.total_bytes)
-            if plan is None:  # fits and the plan share one arithmetic
-                raise RuntimeError(f"internal: {pages} pages fit but no take plan exists")
+            plan = take_all(old, extend, pages, chain.total_bytes)
+            if plan is None:
+                fits = lambda: chain.fits_joint(order, pages)  # noqa: E731
+                if not relieve(chain, {i: pages for i in order}, fits, self.counters):
+                    return None
+                old = chain.extents()  # the ladder moved pages: plan every band
+                plan = take_all(old, order, pages, chain.total_bytes)
+                if plan is None:  # fits and the plan share one arithmetic
+                    raise RuntimeError(f"internal: {pages} pages fit but no take plan exists")
+                drains = [False] * len(order)
         v_pages = self.vids.take(pages)
-        for i in order:
+        for i, drain in zip(order, drains):
             band = bands[i]
-            band.bind(v_pages, band.adopt(old[i], plan[i]))
+            band.bind(v_pages, band.take_holes(pages) if drain else band.adopt(old[i], plan[i]))
         return v_pages
 
     def free(self, ids) -> int:
@@ -259,7 +259,9 @@ class UnifiedPool:
         request's contiguous ascending run; page representatives then come
         from stride arithmetic instead of a dedup. Returns page moves.
         """
-        target = self._token_band(band)
+        target = self._token_bands.get(band) if isinstance(band, str) else None
+        if target is None:
+            target = self._token_band(band)  # names the mistake
         t = as_ids(ids, "release: ids")
         if start_pos is not None:
             start_pos = check_count(start_pos, "release: start_pos")

@@ -308,3 +308,25 @@ def test_a_take_the_holes_cover_matches_the_chain_plan(kind, layout, monkeypatch
         assert [p.translate(ids, bands[i].name).tolist() for i in order] == before
         assert [p.chain.extents()[i] for i in order] == [plan[i] for i in order]
     assert p.verify() == []
+
+
+@pytest.mark.parametrize("kind,layout", [("unified", full_swa), ("unified", three_band),
+                                         ("static", full_swa), ("static", three_band)])
+def test_a_take_some_holes_cover_matches_the_chain_plan(kind, layout):
+    """Holes on the window band only: it drains them while the full band
+    extends; pages and extents are the whole chain's plan."""
+    from unikv.extent import take_all
+
+    p = pool(layout(), "lazy", kind)
+    v = p.alloc(8)
+    assert v is not None
+    p.release(v[1:7], "swa")  # 6 holes on swa, none on full
+    order, bands = p.token_order, p.chain.bands
+    swa = next(i for i in order if bands[i].name == "swa")
+    for n in (2, 3):
+        want_swa = bands[swa].holes[:n].tolist()
+        plan = take_all(p.chain.extents(), order, n, p.chain.total_bytes)
+        ids = p.alloc(n)
+        assert p.translate(ids, "swa").tolist() == want_swa
+        assert [p.chain.extents()[i] for i in order] == [plan[i] for i in order]
+    assert p.verify() == []
