@@ -86,6 +86,11 @@ class Hazards:
         can have moved (every mover settles or stops at them first)."""
         if self.pending_event() is None:
             return _NONE
+        return self.writes_of(name)
+
+    def writes_of(self, name: str) -> set[int]:
+        """`written(name)` for a caller that has just seen the forward
+        running (`pending_event()` is not None)."""
         pages = self.writes.get(name)
         if pages is None:
             return _NONE

@@ -34,6 +34,7 @@ class EndBand(BandAllocator):
     def reset(self) -> None:
         self.kind = Kind.UP if self.geom.band.grow is Grow.UP else Kind.DOWN
         self.up = self.kind is Kind.UP
+        self.lazy = self.ctx.lazy  # lazy (True) or eager compaction: fixed per pool
         self.live = 0
         self._reset_frontier()
         # Pages a move vacated while the forward still read them:
@@ -52,9 +53,6 @@ class EndBand(BandAllocator):
         self.watermark = self.geom.min_page if self.up else self.geom.num_pages
         self.holes = EMPTY
 
-    @property
-    def lazy(self) -> bool:
-        return self.ctx.lazy
 
     def span(self) -> tuple[int, int]:
         if self.up:
@@ -133,11 +131,12 @@ class EndBand(BandAllocator):
         if urgent:
             hazards.settle()
         else:
-            hazards.pending_event()  # forget a finished forward, as before any plan
-            if not self.pending_set:  # the usual blocked case, without the walk:
-                # the frontier page is live (absorbed holes never touch it),
-                # so it is the first survivor the pack would move
-                written = hazards.written(self.name)
+            # Forget a finished forward, as before any plan; then the usual
+            # blocked case, without the walk: the frontier page is live
+            # (absorbed holes never touch it), so it is the first survivor
+            # the pack would move.
+            if hazards.pending_event() is not None and not self.pending_set:
+                written = hazards.writes_of(self.name)
                 if written and int(self.p2v[self.watermark - 1 if self.up else self.watermark]) in written:
                     return 0
         holes = self._ascending()
