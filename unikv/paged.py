@@ -122,6 +122,15 @@ def decode_request(pool, seq_lens, last_loc) -> PagedRequest:
 def _small_decode_request(pool, seq: np.ndarray, last: np.ndarray) -> Optional[PagedRequest]:
     """`decode_request` of a small batch, checked on Python ints; None when
     any check fails (the vector path then names the offenders)."""
+    opens = small_decode_opens(pool, seq, last)
+    if opens is None:
+        return None
+    return PagedRequest(seq - 1, seq, last, opens.count(True), len(opens), np.array(opens, dtype=bool))
+
+
+def small_decode_opens(pool, seq: np.ndarray, last: np.ndarray) -> Optional[list[bool]]:
+    """Which requests of a small, checked decode batch open a page (on
+    Python ints); None when any check fails."""
     ps = pool.page_size
     high = pool.vids.size * ps
     binds = pool.vids.binds
@@ -133,7 +142,7 @@ def _small_decode_request(pool, seq: np.ndarray, last: np.ndarray) -> Optional[P
         if slot and not _last_loc_ok(t, slot, ps, high, binds):
             return None
         opens.append(not slot)
-    return PagedRequest(seq - 1, seq, last, opens.count(True), len(opens), np.array(opens, dtype=bool))
+    return opens
 
 
 def _last_loc_ok(t: int, slot: int, ps: int, high: int, binds: np.ndarray) -> bool:

@@ -200,7 +200,22 @@ class UnifiedPool:
     def alloc_decode(self, seq_lens, last_loc) -> Optional[torch.Tensor]:
         """One token per request at position `seq - 1` (seq includes it)."""
         self._require_tokens()
-        req = paged.decode_request(self, seq_lens, last_loc)
+        seq = as_ids(seq_lens, "alloc_decode: seq_lens")
+        last = as_ids(last_loc, "alloc_decode: last_loc")
+        if len(seq) <= paged.SMALL_BATCH and len(seq) == len(last):
+            # A few requests: checked on Python ints, no PagedRequest.
+            opens = paged.small_decode_opens(self, seq, last)
+            if opens is not None:
+                new_pages = self._take_token_pages(opens.count(True))
+                if new_pages is None:
+                    return None
+                if len(new_pages) == len(opens):  # every request opens a page
+                    return self._out(new_pages * self.page_size)
+                out = last + 1
+                if len(new_pages):
+                    out[opens] = new_pages * self.page_size
+                return self._out(out)
+        req = paged.decode_request(self, seq, last)
         new_pages = self._take_token_pages(req.new_pages)
         if new_pages is None:
             return None

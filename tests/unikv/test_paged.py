@@ -120,3 +120,34 @@ def test_decode_ids_when_every_request_opens_a_page(ps):
     req = paged.PagedRequest(seq - 1, seq, last, 8, 8, np.ones(8, dtype=bool))
     want = reference.paged_decode(torch.from_numpy(seq), torch.from_numpy(last), torch.from_numpy(fresh), ps)
     assert paged.decode_ids(req, fresh, ps).tolist() == want.tolist() == (fresh * ps).tolist()
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_small_alloc_decode_matches_the_vector_path(ps, monkeypatch):
+    """`alloc_decode` of a few requests (opening a page or not) returns the
+    ids and leaves the pool the vector path would."""
+    import random
+
+    from factories import full_swa, pool, same, snapshot
+
+    rng = random.Random(ps)
+    pools = [pool(full_swa(page_size=ps, total=100_000), "lazy") for _ in range(2)]
+    tokens = []
+    for n in (2 * ps - 1, 2 * ps, ps + 1):
+        outs = [q.alloc_extend([0], [n], [-1], n).tolist() for q in pools]
+        assert outs[0] == outs[1]
+        tokens.append(outs[0])
+    for _ in range(3 * ps + 2):
+        pick = sorted(rng.sample(range(3), rng.randrange(1, 4)))
+        seq = np.array([len(tokens[i]) + 1 for i in pick], dtype=np.int64)
+        last = np.array([tokens[i][-1] for i in pick], dtype=np.int64)
+        outs = []
+        for k, q in enumerate(pools):
+            with monkeypatch.context() as m:
+                if k:  # the vector path
+                    m.setattr(paged, "SMALL_BATCH", -1)
+                outs.append(q.alloc_decode(seq, last).tolist())
+        assert outs[0] == outs[1]
+        assert same(snapshot(pools[0]), snapshot(pools[1]))
+        for i, t in zip(pick, outs[0]):
+            tokens[i].append(t)
