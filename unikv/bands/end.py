@@ -151,9 +151,11 @@ class EndBand(BandAllocator):
             self.pending.append((reader, srcs))
             self.pending_set.update(srcs)
             counters.pending_peak = max(counters.pending_peak, len(self.pending_set))
+            # The holes left are the stored list less its deepest: a view.
+            # They were absorbed already, and no vacated page joined them.
+            self._keep(left, self.holes[len(dsts):])
         else:
-            left = sorted(left + srcs)
-        self._keep(self._absorb(left))
+            self._keep(self._absorb(sorted(left + srcs)))
         return len(srcs)
 
     def _drain_pending(self, urgent: bool) -> None:
@@ -198,10 +200,20 @@ class EndBand(BandAllocator):
             # no hole touches the frontier (the usual case): nothing to absorb
             self._keep(None, ordered if self.up else ordered[::-1])
             return True
-        ascending = self._absorb(ordered.tolist())
-        absorbed = len(ordered) - len(ascending)
-        ordered = ordered[:len(ascending)] if self.up else ordered[absorbed:][::-1]
-        return bool(self._keep(ascending, ordered))
+        # The holes touching the frontier are a run of consecutive pages
+        # ending at it: where `ordered[j] - j` (non-decreasing: distinct
+        # ascending ints) takes its frontier value.
+        n, wm = len(ordered), self.watermark
+        steps = ordered - np.arange(n, dtype=np.int64)
+        if self.up:  # the top of the list: ordered[j] == wm - n + j
+            keep = int(np.searchsorted(steps, wm - n, side="left"))
+            absorbed, stored, self.watermark = n - keep, ordered[:keep], wm - (n - keep)
+        else:  # the bottom: ordered[j] == wm + j
+            absorbed = int(np.searchsorted(steps, wm, side="right"))
+            stored, self.watermark = ordered[absorbed:][::-1], wm + absorbed
+        self.counters.absorbed_pages += absorbed
+        self._keep(None, stored)
+        return len(stored) > 0
 
     def _ascending(self) -> list[int]:
         """The absorbed holes' pages ascending (`_absorb_holes` first)."""
