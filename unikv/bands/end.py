@@ -155,7 +155,7 @@ class EndBand(BandAllocator):
             # They were absorbed already, and no vacated page joined them.
             self._keep(left, self.holes[len(dsts):])
         else:
-            self._keep(self._absorb(sorted(left + srcs)))
+            self._keep(None, self._absorb(np.sort(np.array(left + srcs, dtype=np.int64))))
         return len(srcs)
 
     def _drain_pending(self, urgent: bool) -> None:
@@ -200,20 +200,9 @@ class EndBand(BandAllocator):
             # no hole touches the frontier (the usual case): nothing to absorb
             self._keep(None, ordered if self.up else ordered[::-1])
             return True
-        # The holes touching the frontier are a run of consecutive pages
-        # ending at it: where `ordered[j] - j` (non-decreasing: distinct
-        # ascending ints) takes its frontier value.
-        n, wm = len(ordered), self.watermark
-        steps = ordered - np.arange(n, dtype=np.int64)
-        if self.up:  # the top of the list: ordered[j] == wm - n + j
-            keep = int(np.searchsorted(steps, wm - n, side="left"))
-            absorbed, stored, self.watermark = n - keep, ordered[:keep], wm - (n - keep)
-        else:  # the bottom: ordered[j] == wm + j
-            absorbed = int(np.searchsorted(steps, wm, side="right"))
-            stored, self.watermark = ordered[absorbed:][::-1], wm + absorbed
-        self.counters.absorbed_pages += absorbed
-        self._keep(None, stored)
-        return len(stored) > 0
+        rest = self._absorb(ordered)
+        self._keep(None, rest)
+        return len(rest) > 0
 
     def _ascending(self) -> list[int]:
         """The absorbed holes' pages ascending (`_absorb_holes` first)."""
@@ -223,25 +212,29 @@ class EndBand(BandAllocator):
             self._absorbed = (array, owner, ascending)
         return ascending
 
-    def _absorb(self, holes: list[int]) -> list[int]:
+    def _absorb(self, ordered: np.ndarray) -> np.ndarray:
         """Retreat the watermark past the holes touching it; return the
-        others. `holes` are distinct and ascending, and so is the result."""
-        wm, n = self.watermark, len(holes)
-        if self.up:  # the frontier holes are the top of the ascending list
-            k = n
-            while k and holes[k - 1] == wm - 1:
-                k, wm = k - 1, wm - 1
-            absorbed = n - k
-        else:
-            k = 0
-            while k < n and holes[k] == wm:
-                k, wm = k + 1, wm + 1
-            absorbed = k
-        if not absorbed:
-            return holes
-        self.counters.absorbed_pages += absorbed
-        self.watermark = wm
-        return holes[:n - absorbed] if self.up else holes[absorbed:]
+        others, deepest first (the stored order). `ordered`: the holes,
+        distinct and ascending.
+
+        The holes touching the frontier are the run of consecutive pages
+        that ends at it: where `ordered[j] - j` (non-decreasing, for
+        distinct ascending ints) takes its frontier value.
+        """
+        n, wm = len(ordered), self.watermark
+        steps = ordered - np.arange(n, dtype=np.int64)
+        if self.up:  # the top of the list: ordered[j] == wm - n + j
+            keep = int(np.searchsorted(steps, wm - n, side="left"))
+            absorbed, rest = n - keep, ordered[:keep]
+            wm -= absorbed
+        else:  # the bottom: ordered[j] == wm + j
+            absorbed = int(np.searchsorted(steps, wm, side="right"))
+            rest = ordered[absorbed:][::-1]
+            wm += absorbed
+        if absorbed:
+            self.counters.absorbed_pages += absorbed
+            self.watermark = wm
+        return rest
 
     def _keep(self, holes: Optional[list[int]], stored: Optional[np.ndarray] = None) -> list[int]:
         """Make `holes` (ascending) the hole list, deepest first; return it.
