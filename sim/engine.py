@@ -29,7 +29,9 @@ class Simulation:
         memory: the request-level memory layer (owns the pool).
         step_cost: (prefill_tokens, decode_tokens, kv_bytes_read, moved_bytes)
             -> seconds of one engine step.
-        kv_bytes: seq_len -> KV bytes a request of that length reads per step.
+        kv_bytes: batch -> KV bytes its attention reads per step (with
+            `from_totals`, as `sim.run.KVRead`, read from the running
+            requests' totals when the batch is all of them).
         max_running, prefill_tokens_per_step: scheduler knobs.
         max_tokens: the longest request (prompt + output) the layout can ever
             hold; longer ones are rejected.
@@ -54,6 +56,12 @@ class Simulation:
         self.ps = self.pool.page_size
         self.step_cost = step_cost
         self.kv_bytes = kv_bytes
+        # A reader that takes totals (sim.run.KVRead) over the same window as
+        # the memory layer: a batch of every running request reads from the
+        # totals Memory keeps instead of a walk.
+        self._kv_totals = getattr(kv_bytes, "from_totals", None)
+        if self._kv_totals is not None and kv_bytes.swa and kv_bytes.window != memory._window_cap:
+            self._kv_totals = None
         self.max_running = max_running
         self.prefill_budget = prefill_tokens_per_step
         self.reserve = reserve
@@ -144,7 +152,12 @@ class Simulation:
         self.pool.flush(urgent=False)  # opportunistic, while the forward runs
         moved = self._moved_bytes() - moved0
         self._moved_mark = moved0 + moved
-        dt = self.step_cost(prefill_tokens, len(decode), self.kv_bytes(batch), moved)
+        if self._kv_totals is not None and len(prefill) == len(self.prefilling):
+            # every prefilling request is in the batch: it is all the running ones
+            kv = self._kv_totals(len(batch), self.mem.held_seq, self.mem.held_window)
+        else:
+            kv = self.kv_bytes(batch)
+        dt = self.step_cost(prefill_tokens, len(decode), kv, moved)
         return event, (dt, prefill, decode, prefill_tokens, moved)
 
     def _end_step(self, dt, prefill, decode, prefill_tokens, moved) -> None:
@@ -305,8 +318,9 @@ class Simulation:
         now = self.env.now
         finished = []
         for r in decode:
-            r.generated += 1
-            if r.generated >= r.output_tokens:
+            g = r.generated + 1
+            r.generated = g
+            if g >= r.output_tokens:
                 finished.append(r)
         self._left -= len(decode)
         for r, chunk in prefill:

@@ -57,6 +57,10 @@ class Memory:
         # record reads them every step (`check` recomputes them).
         self.held_seq = 0
         self.held_pages = 0
+        # ... and their positions inside the window, min(seq, window) summed
+        # (what the window band's attention reads; 0 without a window).
+        self._window_cap = window_tokens or 0
+        self.held_window = 0
         # Decoders whose last decode moved a page boundary out of the window
         # (`window_due`): a decode step changes no other ratchet.
         self.window_due: list[Request] = []
@@ -159,6 +163,7 @@ class Memory:
         hit = len(path) * self.cache.block_tokens if path else 0
         req.seq = req.prefilled = req.hit_tokens = hit
         self.held_seq += hit
+        self.held_window += min(hit, self._window_cap)
         self.held_pages += len(req.pages)
         req.prefill_target = req.context_tokens
 
@@ -181,8 +186,9 @@ class Memory:
         out = self.pool.alloc_extend([req.seq], [req.seq + tokens], [last], tokens)
         if out is None:
             return False
-        held = len(req.pages)
+        held, cap = len(req.pages), self._window_cap
         self._append(req, req.seq, out)
+        self.held_window += min(req.seq + tokens, cap) - min(req.seq, cap)
         req.seq += tokens
         self.held_seq += tokens
         self.held_pages += len(req.pages) - held
@@ -206,7 +212,8 @@ class Memory:
         # last_loc + 1), so they need no call: the pool ends in the same
         # state. One walk: each request's position advances as it is read
         # (undone on a shortfall), openers get their id once the pool answers.
-        ps, due_slot = self.ps, self._due_slot
+        ps, due_slot, cap = self.ps, self._due_slot, self._window_cap
+        inside = 0  # requests whose new position is inside the window
         ids: list[int] = []
         due: list[Request] = []  # position s + 1 puts a page boundary at the window's edge
         opening: list[Request] = []
@@ -219,6 +226,8 @@ class Memory:
             m = s % ps
             if m == due_slot:
                 due.append(r)
+            if s < cap:
+                inside += 1
             if m:  # position s on the tail page
                 ids.append(r.pages[-1] * ps + m)
             else:
@@ -239,6 +248,7 @@ class Memory:
                 ids[i] = t  # the fresh page's first slot: position s
             self.held_pages += len(opening)
         self.held_seq += len(reqs)
+        self.held_window += inside
         self.window_due = due
         return ids
 
@@ -330,7 +340,9 @@ class Memory:
     def _forget(self, req: Request) -> None:
         """Take `req`'s positions and pages out of the held totals (its
         pages are about to be dropped or replaced)."""
-        self.held_seq -= req.seq if req.pages else 0
+        if req.pages:
+            self.held_seq -= req.seq
+            self.held_window -= min(req.seq, self._window_cap)
         self.held_pages -= len(req.pages)
 
     # -- accounting --
@@ -350,9 +362,10 @@ class Memory:
             if late:
                 out.append(f"requests {late[:8]} hold window pages the ratchet has not released")
         seq, pages = sum(r.seq for r in running), sum(len(r.pages) for r in running)
-        if (self.held_seq, self.held_pages) != (seq, pages):
-            out.append(f"held totals (seq {self.held_seq}, pages {self.held_pages}) != the running "
-                       f"requests' (seq {seq}, pages {pages})")
+        window = sum(min(r.seq, self._window_cap) for r in running)
+        if (self.held_seq, self.held_pages, self.held_window) != (seq, pages, window):
+            out.append(f"held totals (seq {self.held_seq}, pages {self.held_pages}, window "
+                       f"{self.held_window}) != the running requests' ({seq}, {pages}, {window})")
         if len(set(held)) != len(held):
             out.append("a virtual page is held twice")
         if self.cache is not None:

@@ -117,19 +117,36 @@ def _requests(df: pd.DataFrame) -> list[Request]:
     return out
 
 
-def _kv_reader(model, page_size: int) -> Callable[[list[Request]], int]:
-    full, swa, state = model.full_token_bytes, model.swa_token_bytes, model.state_bytes
-    window = model.window_tokens or 0
-    meta = model.meta_tokens * (full + swa)  # every request's attention reads the shared meta KV
+class KVRead:
+    """KV (and state) bytes a batch's attention reads in one step: every
+    position on the full band, the last `window` positions on the window
+    band, and per request its state and the shared meta tokens' KV.
 
-    def kv_bytes(batch: list[Request]) -> int:
+    `__call__(batch)` walks the batch; `from_totals` takes the sums the
+    engine keeps for the running requests (`Memory.held_seq` /
+    `held_window`) when the batch is all of them."""
+
+    def __init__(self, model) -> None:
+        self.full, self.swa = model.full_token_bytes, model.swa_token_bytes
+        self.window = model.window_tokens or 0
+        # every request's attention reads its state and the shared meta KV
+        self.per_request = model.state_bytes + model.meta_tokens * (self.full + self.swa)
+
+    def __call__(self, batch: list[Request]) -> int:
         seqs = [r.seq for r in batch]
-        total = full * sum(seqs) + (state + meta) * len(batch)
-        if swa:
-            total += swa * sum([s if s < window else window for s in seqs])
+        total = self.full * sum(seqs) + self.per_request * len(batch)
+        if self.swa:
+            window = self.window
+            total += self.swa * sum([s if s < window else window for s in seqs])
         return total
 
-    return kv_bytes
+    def from_totals(self, requests: int, seq_total: int, window_total: int) -> int:
+        """`self(batch)` from the batch's size, its positions summed, and
+        its positions inside the window summed (`min(seq, window)`)."""
+        total = self.full * seq_total + self.per_request * requests
+        if self.swa:
+            total += self.swa * window_total
+        return total
 
 
 def git_revision() -> str:
@@ -168,7 +185,7 @@ def _run(config, progress, trace_df, hw) -> RunResult:
                     block_tokens=int(block) if use_cache else None, meta_tokens=model.meta_tokens)
     hw = hw or cost_model.HardwareSpec.from_results(Path(__file__).resolve().parents[1] / "results" / "kernels")
     sim = Simulation(
-        reqs, memory, step_cost=cost_model.EngineStepCost(model, hw), kv_bytes=_kv_reader(model, config.page_size),
+        reqs, memory, step_cost=cost_model.EngineStepCost(model, hw), kv_bytes=KVRead(model),
         max_running=config.scheduler.max_running,
         prefill_tokens_per_step=config.scheduler.prefill_tokens_per_step, max_tokens=limit,
         reserve=(config.scheduler.reserve_init, config.scheduler.reserve_min,

@@ -287,3 +287,23 @@ def test_replay_pauses_the_cyclic_collector_and_restores_it():
         assert not gc.isenabled()  # a caller's own setting is kept
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("model", ["gemma-3-12b", "hymba-1.5b-base"])
+def test_kv_read_from_totals_equals_the_walk(model):
+    """The engine reads a whole running batch's KV bytes from totals."""
+    import random
+
+    from sim.models import load_model
+    from sim.request import Request
+    from sim.run import KVRead
+
+    kv = KVRead(load_model(model))
+    rng = random.Random(7)
+    for n in (0, 1, 5, 40):
+        batch = [Request(i, 0.0, 10, 10) for i in range(n)]
+        for r in batch:
+            r.seq = rng.randrange(0, 3 * max(kv.window, 64))
+        seqs = [r.seq for r in batch]
+        window = sum(min(s, kv.window) for s in seqs)
+        assert kv.from_totals(n, sum(seqs), window) == kv(batch)
