@@ -146,7 +146,7 @@ class Simulation:
         decode = list(self.decoding)
         if self._counts["retracted"] != retracted:  # decoders may have left since
             written = [r.last_loc(self.ps) for r in decode]
-        batch = [r for r, _ in prefill] + decode
+        batch = [r for r, _ in prefill] + decode if prefill else decode
         event = self.pool.backend.new_event(f"step {self.steps}")
         self._launch(event, prefill, written)
         self.pool.flush(urgent=False)  # opportunistic, while the forward runs
@@ -170,6 +170,8 @@ class Simulation:
             self._check()
 
     def _continue_prefills(self) -> list[tuple[Request, int]]:
+        if not self.prefilling:
+            return []
         out, budget = [], self.prefill_budget
         for r in list(self.prefilling):
             chunk = min(r.prefill_target - r.prefilled, budget)
@@ -345,10 +347,13 @@ class Simulation:
             self._retire(r)
         # Ratchet the requests whose positions moved (see Memory.ratchet);
         # those that finished or were retracted since hold no pages.
-        moved = [r for r in self.mem.window_due if r.pages]
-        moved += [r for r, _ in prefill if r.pages]
-        self.mem.window_due = []
-        self.mem.ratchet(moved)
+        mem = self.mem
+        moved = [r for r in mem.window_due if r.pages] if mem.window_due else []
+        mem.window_due = []
+        if prefill:
+            moved += [r for r, _ in prefill if r.pages]
+        if moved:
+            mem.ratchet(moved)
 
     def _retire(self, r: Request) -> None:
         self.recorder.request(r)
