@@ -88,13 +88,14 @@ class LayoutPlan:
         """The bands low byte -> high byte, e.g. "mamba(up) | swa(float) | full(down)"."""
         return " | ".join(f"{b.name}({b.grow.value})" for b in self.layout.bands)
 
-    def make_pool(self, backend=None, compaction: str = "lazy"):
-        """A fresh pool for this plan (compaction applies to UnifiedPool only)."""
+    def make_pool(self, backend=None, compaction: str = "lazy", ids: str = "torch"):
+        """A fresh pool for this plan (compaction applies to UnifiedPool
+        only; `ids`: what its allocs return, see `UnifiedPool`)."""
         if self.kind == "static":
-            return StaticPartitionPool(self.layout, backend, fractions=dict(self.fractions))
+            return StaticPartitionPool(self.layout, backend, fractions=dict(self.fractions), ids=ids)
         if self.kind == "oracle":
-            return OraclePool(self.layout, backend)
-        return UnifiedPool(self.layout, backend, compaction=compaction)
+            return OraclePool(self.layout, backend, ids=ids)
+        return UnifiedPool(self.layout, backend, compaction=compaction, ids=ids)
 
     @property
     def metadata(self) -> dict:

@@ -194,9 +194,11 @@ class Memory:
         self.held_pages += len(req.pages) - held
         return True
 
-    def _append(self, req: Request, start: int, ids: torch.Tensor) -> None:
-        """Record the fresh pages among the new token ids at positions start..."""
-        ids = ids.numpy()
+    def _append(self, req: Request, start: int, ids) -> None:
+        """Record the fresh pages among the new token ids at positions start...
+        (`ids`: the pool's answer, a CPU tensor or a numpy array)."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.numpy()
         first_new = -(-start // self.ps)  # page index of the first fresh page
         offset = first_new * self.ps - start
         if offset < len(ids):

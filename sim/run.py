@@ -178,7 +178,7 @@ def _run(config, progress, trace_df, hw) -> RunResult:
                         kind=config.layout, static_ratio=config.static_ratio)
     reqs = _requests(df)
     limit = _request_limit(plan, config, reqs)
-    pool = plan.make_pool(SimBackend(), config.compaction)
+    pool = plan.make_pool(SimBackend(), config.compaction, ids="numpy")  # host ids, no tensor per call
     block = config.scheduler.block_tokens or df.attrs.get("block_tokens")
     use_cache = config.scheduler.prefix_cache and block and "prefix_hashes" in df.columns
     memory = Memory(pool, window_tokens=model.window_tokens if model.swa_layers else None,

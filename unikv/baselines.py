@@ -22,17 +22,18 @@ class StaticPartitionPool(UnifiedPool):
         fractions: band name -> share of the bytes past the sink, in chain
             order; default an equal share each. Shares must be positive and
             sum to at most 1.
+        ids: as for `UnifiedPool`.
     """
 
     band_classes = {"region": RegionBand}
 
     def __init__(self, layout: Layout, backend=None, fractions: Optional[Mapping[str, float]] = None,
-                 **_ignored) -> None:
+                 ids: str = "torch", **_ignored) -> None:
         if not isinstance(layout, Layout):
             raise ValueError(f"layout={layout!r} must be a unikv.Layout")
         self.fractions = self._check_fractions(layout, fractions)
         self._region_pages = self._split(layout, self.fractions)
-        super().__init__(layout, backend)
+        super().__init__(layout, backend, ids=ids)
 
     @staticmethod
     def _check_fractions(layout: Layout, fractions) -> dict[str, float]:
@@ -83,10 +84,10 @@ class OraclePool(UnifiedPool):
 
     band_classes = {"budget": BudgetBand}
 
-    def __init__(self, layout: Layout, backend=None, **_ignored) -> None:
+    def __init__(self, layout: Layout, backend=None, ids: str = "torch", **_ignored) -> None:
         if backend is not None and getattr(backend, "materialized", False):
             raise ValueError("OraclePool has no byte layout; use a backend with materialize=False")
-        super().__init__(layout, backend)
+        super().__init__(layout, backend, ids=ids)
 
     def _band_kind(self, band):
         return "budget"

@@ -38,8 +38,9 @@ class UnifiedPool:
     not fit returns None and leaves eviction to the caller.
 
     Every decision is made on the host: virtual ids are host data (ids are
-    returned as CPU int64 tensors, and ids passed in as CPU tensors, numpy
-    arrays or lists cost no device round trip), the page tables' truth is a
+    returned as CPU int64 tensors, or numpy arrays with `ids="numpy"`, and
+    ids passed in as CPU tensors, numpy arrays or lists cost no device
+    round trip), the page tables' truth is a
     host arena, and the backend mirrors it on its device. The device tables
     are brought up to date by `commit()`, which `translate` and
     `page_table` call first: one upload and one launch per commit, however
@@ -52,14 +53,18 @@ class UnifiedPool:
         compaction: "lazy" or "eager" for END bands (floats are always
             holes-first).
         move_cap: most survivor moves one non-urgent flush makes per band.
+        ids: what allocs return: "torch" (CPU int64 tensors, the default)
+            or "numpy" (int64 arrays: no tensor wrapper per call, for a
+            host-only caller such as the simulator).
     """
 
     band_classes: Mapping = UNIFIED_BANDS
 
     def __init__(self, layout: Layout, backend=None, compaction: str | Compaction = "lazy",
-                 move_cap: int = 4096) -> None:
+                 move_cap: int = 4096, ids: str = "torch") -> None:
         if not isinstance(layout, Layout):
             raise ValueError(f"layout={layout!r} must be a unikv.Layout")
+        self._out = _id_wrapper(ids)
         try:
             self.compaction = Compaction(compaction)
         except ValueError:
@@ -127,11 +132,6 @@ class UnifiedPool:
     def _require_tokens(self) -> None:
         if not self.token_names:
             raise ValueError("this layout has no token band; use alloc_state")
-
-    @staticmethod
-    def _out(ids: np.ndarray) -> torch.Tensor:
-        """Ids handed to the caller: a CPU int64 tensor (no copy)."""
-        return torch.from_numpy(ids)
 
     # -- capacity views --
 
@@ -524,6 +524,20 @@ class UnifiedPool:
             raise ValueError(f"{self.backend!r} keeps no bytes; use materialize=True")
         g = b.geom
         return self.buffer[: g.max_slots * g.band.entry_bytes].view(g.max_slots, g.band.entry_bytes)
+
+
+def _id_wrapper(kind):
+    """How ids are handed to the caller (no copy either way): `torch.from_numpy`
+    for "torch", as they are for "numpy"."""
+    if kind == "torch":
+        return torch.from_numpy
+    if kind == "numpy":
+        return _as_is
+    raise ValueError(f"ids={kind!r} must be 'torch' or 'numpy'")
+
+
+def _as_is(ids: np.ndarray) -> np.ndarray:
+    return ids
 
 
 def _distinct(pages: np.ndarray, size: int) -> np.ndarray:

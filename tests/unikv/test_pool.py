@@ -330,3 +330,26 @@ def test_a_take_some_holes_cover_matches_the_chain_plan(kind, layout):
         assert p.translate(ids, "swa").tolist() == want_swa
         assert [p.chain.extents()[i] for i in order] == [plan[i] for i in order]
     assert p.verify() == []
+
+
+@pytest.mark.parametrize("kind", ["unified", "static", "oracle"])
+def test_numpy_ids_pool_answers_like_the_torch_one(kind):
+    """`ids="numpy"` changes only the wrapper: the same ids, as int64 arrays."""
+    from unikv import OraclePool, StaticPartitionPool
+
+    cls = {"unified": UnifiedPool, "static": StaticPartitionPool, "oracle": OraclePool}[kind]
+    pools = [cls(three_band(page_size=2, total=40_000), SimBackend(), ids=i) for i in ("torch", "numpy")]
+    answers = []
+    for p in pools:
+        out = [p.alloc(8), p.alloc_extend([0], [5], [-1], 5), p.alloc_state("mamba", 2)]
+        out.append(p.alloc_decode([9], [int(out[0][-1])]))
+        answers.append(out)
+    for t, n in zip(*answers):
+        assert isinstance(t, torch.Tensor) and isinstance(n, np.ndarray) and n.dtype == np.int64
+        assert t.tolist() == n.tolist()
+    assert pools[0].occupancy() == pools[1].occupancy()
+
+
+def test_ids_option_is_checked():
+    with pytest.raises(ValueError, match="ids='list' must be 'torch' or 'numpy'"):
+        UnifiedPool(three_band(), ids="list")
