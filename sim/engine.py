@@ -60,7 +60,7 @@ class Simulation:
         # the memory layer: a batch of every running request reads from the
         # totals Memory keeps instead of a walk.
         self._kv_totals = getattr(kv_bytes, "from_totals", None)
-        if self._kv_totals is not None and kv_bytes.swa and kv_bytes.window != memory._window_cap:
+        if self._kv_totals is not None and kv_bytes.swa and kv_bytes.window != memory.window_cap:
             self._kv_totals = None
         self.max_running = max_running
         self.prefill_budget = prefill_tokens_per_step
@@ -220,7 +220,7 @@ class Simulation:
             budget -= chunk
         return out
 
-    def _reserve_holds(self, new: Request, chunk: int, running_left: Optional[int]) -> bool:
+    def _reserve_holds(self, new: Request, chunk: int, running_left: int) -> bool:
         """SGLang's admission guard: once `new`'s first `chunk` is allocated,
         room must remain for `reserve_ratio` of the tokens the running
         requests (`running_left`) and `new` have yet to produce. Room is the
@@ -230,7 +230,7 @@ class Simulation:
         return self._room_for(_tokens_left(new), new.seq, len(new.pages), chunk, running_left)
 
     def _room_for(self, new_left: int, seq: int, held_pages: int, chunk: int,
-                  running_left: Optional[int]) -> bool:
+                  running_left: int) -> bool:
         """`_reserve_holds` of a request with `new_left` tokens yet to
         produce, `seq` positions on `held_pages` pages, taking `chunk` more."""
         if self.reserve_ratio <= 0 or not self.running:
@@ -280,9 +280,10 @@ class Simulation:
                 return False
         return True
 
-    def _alloc_or_retract(self, attempt: Callable[[], bool], keep: Optional[Request]) -> bool:
-        """`attempt()`; on shortfall evict cached blocks, then retract the
-        newest running request (which may be `keep` itself: then False)."""
+    def _alloc_or_retract(self, attempt: Callable[[], bool], keep: Request) -> bool:
+        """`attempt()` for `keep`; on shortfall evict cached blocks, then
+        retract the newest running request (which may be `keep` itself: then
+        False) and try again."""
         while not attempt():
             if self.mem.evict_some():
                 continue
@@ -291,8 +292,6 @@ class Simulation:
                 return False
             self._retract(victim)
             if victim is keep:
-                return False
-            if keep is None:
                 return False
         return True
 

@@ -59,7 +59,7 @@ class Memory:
         self.held_pages = 0
         # ... and their positions inside the window, min(seq, window) summed
         # (what the window band's attention reads; 0 without a window).
-        self._window_cap = window_tokens or 0
+        self.window_cap = window_tokens or 0
         self.held_window = 0
         # Decoders whose last decode moved a page boundary out of the window
         # (`window_due`): a decode step changes no other ratchet.
@@ -163,7 +163,7 @@ class Memory:
         hit = len(path) * self.cache.block_tokens if path else 0
         req.seq = req.prefilled = req.hit_tokens = hit
         self.held_seq += hit
-        self.held_window += min(hit, self._window_cap)
+        self.held_window += min(hit, self.window_cap)
         self.held_pages += len(req.pages)
         req.prefill_target = req.context_tokens
 
@@ -186,7 +186,7 @@ class Memory:
         out = self.pool.alloc_extend([req.seq], [req.seq + tokens], [last], tokens)
         if out is None:
             return False
-        held, cap = len(req.pages), self._window_cap
+        held, cap = len(req.pages), self.window_cap
         self._append(req, req.seq, out)
         self.held_window += min(req.seq + tokens, cap) - min(req.seq, cap)
         req.seq += tokens
@@ -214,7 +214,7 @@ class Memory:
         # last_loc + 1), so they need no call: the pool ends in the same
         # state. One walk: each request's position advances as it is read
         # (undone on a shortfall), openers get their id once the pool answers.
-        ps, due_slot, cap = self.ps, self._due_slot, self._window_cap
+        ps, due_slot, cap = self.ps, self._due_slot, self.window_cap
         inside = 0  # requests whose new position is inside the window
         ids: list[int] = []
         due: list[Request] = []  # position s + 1 puts a page boundary at the window's edge
@@ -344,7 +344,7 @@ class Memory:
         pages are about to be dropped or replaced)."""
         if req.pages:
             self.held_seq -= req.seq
-            self.held_window -= min(req.seq, self._window_cap)
+            self.held_window -= min(req.seq, self.window_cap)
         self.held_pages -= len(req.pages)
 
     # -- accounting --
@@ -364,7 +364,7 @@ class Memory:
             if late:
                 out.append(f"requests {late[:8]} hold window pages the ratchet has not released")
         seq, pages = sum(r.seq for r in running), sum(len(r.pages) for r in running)
-        window = sum(min(r.seq, self._window_cap) for r in running)
+        window = sum(min(r.seq, self.window_cap) for r in running)
         if (self.held_seq, self.held_pages, self.held_window) != (seq, pages, window):
             out.append(f"held totals (seq {self.held_seq}, pages {self.held_pages}, window "
                        f"{self.held_window}) != the running requests' ({seq}, {pages}, {window})")

@@ -134,11 +134,9 @@ class KVRead:
 
     def __call__(self, batch: list[Request]) -> int:
         seqs = [r.seq for r in batch]
-        total = self.full * sum(seqs) + self.per_request * len(batch)
-        if self.swa:
-            window = self.window
-            total += self.swa * sum([s if s < window else window for s in seqs])
-        return total
+        window = self.window
+        inside = sum([s if s < window else window for s in seqs]) if self.swa else 0
+        return self.from_totals(len(batch), sum(seqs), inside)
 
     def from_totals(self, requests: int, seq_total: int, window_total: int) -> int:
         """`self(batch)` from the batch's size, its positions summed, and

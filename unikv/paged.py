@@ -216,11 +216,17 @@ def _extend_ids_one(prefix: int, seq: int, last: int, new_pages: np.ndarray, ps:
 def decode_ids(req: PagedRequest, new_pages: np.ndarray, page_size: int) -> np.ndarray:
     """One token per request at position `seq - 1`: `last_loc + 1` inside
     the tail page, else the next fresh page's first slot."""
-    if len(new_pages) == len(req.seq):  # every request opens a page
+    return decode_ids_of(req.last_loc, req.opens, new_pages, page_size)
+
+
+def decode_ids_of(last_loc: np.ndarray, opens, new_pages: np.ndarray, page_size: int) -> np.ndarray:
+    """`decode_ids` from each request's `last_loc` and whether it opens a
+    page (`opens`: a bool array or list, one per request)."""
+    if len(new_pages) == len(last_loc):  # every request opens a page
         return new_pages * page_size
-    out = req.last_loc + 1
+    out = last_loc + 1
     if len(new_pages):
-        out[req.opens] = new_pages * page_size
+        out[opens] = new_pages * page_size
     return out
 
 

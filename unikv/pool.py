@@ -209,12 +209,7 @@ class UnifiedPool:
                 new_pages = self._take_token_pages(opens.count(True))
                 if new_pages is None:
                     return None
-                if len(new_pages) == len(opens):  # every request opens a page
-                    return self._out(new_pages * self.page_size)
-                out = last + 1
-                if len(new_pages):
-                    out[opens] = new_pages * self.page_size
-                return self._out(out)
+                return self._out(paged.decode_ids_of(last, opens, new_pages, self.page_size))
         req = paged.decode_request(self, seq, last)
         new_pages = self._take_token_pages(req.new_pages)
         if new_pages is None:

@@ -53,7 +53,6 @@ class EndBand(BandAllocator):
         self.watermark = self.geom.min_page if self.up else self.geom.num_pages
         self.holes = EMPTY
 
-
     def span(self) -> tuple[int, int]:
         if self.up:
             return self.geom.min_page, self.watermark
