@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from sim.config import RunConfig
-from sim.run import git_revision, run
+from unikv.sim.config import RunConfig
+from unikv.sim.run import git_revision, run
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "sim_speed"
 

@@ -19,10 +19,10 @@ import functools
 import time
 from pathlib import Path
 
-from sim.config import RunConfig
-from sim.engine import Simulation
-from sim.memory import Memory
-from sim.run import run
+from unikv.sim.config import RunConfig
+from unikv.sim.engine import Simulation
+from unikv.sim.memory import Memory
+from unikv.sim.run import run
 from unikv import OraclePool, StaticPartitionPool, UnifiedPool
 from unikv.bands import EndBand
 

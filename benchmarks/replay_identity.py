@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from sim.config import RunConfig
-from sim.run import run
+from unikv.sim.config import RunConfig
+from unikv.sim.run import run
 
 HYMBA = dict(model="hymba-1.5b-base", kv_budget_gib=1.0)
 CASES = {

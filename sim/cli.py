@@ -17,9 +17,9 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
-from sim.config import COMPACTIONS, LAYOUTS, OVERSIZE, RunConfig, SchedulerConfig
-from sim.layouts import applicable_kinds
-from sim.models import load_model
+from unikv.sim.config import COMPACTIONS, LAYOUTS, OVERSIZE, RunConfig, SchedulerConfig
+from unikv.sim.layouts import applicable_kinds
+from unikv.sim.models import load_model
 
 
 def _add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
@@ -122,9 +122,9 @@ def print_summary(summary: dict, identity: dict, wall_s: float) -> None:
 
 
 def replay(argv: Optional[Sequence[str]] = None) -> int:
-    from sim.figures import run_figures
-    from sim.run import run, write_run
-    from sim.summary import capacity_efficiency
+    from unikv.sim.figures import run_figures
+    from unikv.sim.run import run, write_run
+    from unikv.sim.summary import capacity_efficiency
 
     parser = argparse.ArgumentParser(prog="unikv replay", description="replay a trace against one layout")
     _add_config_options(parser)
@@ -171,8 +171,8 @@ def grid(config: RunConfig, layouts: Sequence[str], compactions: Sequence[str],
 
 
 def compare(argv: Optional[Sequence[str]] = None) -> int:
-    from sim.figures import comparison
-    from sim.run import run, write_run
+    from unikv.sim.figures import comparison
+    from unikv.sim.run import run, write_run
 
     parser = argparse.ArgumentParser(prog="unikv compare",
                                      description="replay one trace against a grid of layouts x compaction modes")
@@ -230,7 +230,7 @@ COMPARE_COLUMNS = ["label", "layout", "compaction", "capacity_efficiency", "thro
 
 
 def comparison_table(results: dict) -> pd.DataFrame:
-    from sim.summary import capacity_efficiency
+    from unikv.sim.summary import capacity_efficiency
 
     oracle = results.get("oracle")
     rows = []

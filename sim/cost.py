@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from sim.models import ModelSpec
+from unikv.sim.models import ModelSpec
 
 _H200_SOURCES = {
     "peak_flops": "NVIDIA H200 SXM: BF16 Tensor Core 1,979 TFLOPS with 2:4 sparsity, so 989 TFLOPS "

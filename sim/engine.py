@@ -16,9 +16,9 @@ from typing import Callable, Optional
 
 import simpy
 
-from sim.memory import Memory, int64_ids
-from sim.recorder import Recorder
-from sim.request import Request
+from unikv.sim.memory import Memory, int64_ids
+from unikv.sim.recorder import Recorder
+from unikv.sim.request import Request
 
 
 class Simulation:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from sim.memory import Memory
-from sim.request import Request
+from unikv.sim.memory import Memory
+from unikv.sim.request import Request
 from unikv.backends import SimBackend
 
 

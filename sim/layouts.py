@@ -13,8 +13,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from sim.fit import fits_alone
-from sim.models import ModelSpec
+from unikv.sim.fit import fits_alone
+from unikv.sim.models import ModelSpec
 from unikv import Band, Layout, OraclePool, StaticPartitionPool, UnifiedPool
 
 LAYOUT_KINDS = ("static", "end_end", "end_float_end", "oracle")

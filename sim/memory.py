@@ -14,8 +14,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from sim.prefix_cache import Node, PrefixCache
-from sim.request import Request
+from unikv.sim.prefix_cache import Node, PrefixCache
+from unikv.sim.request import Request
 
 
 def int64_ids(values: list[int]) -> np.ndarray:

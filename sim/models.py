@@ -128,7 +128,7 @@ def _check_int(owner: str, name: str, value, *, minimum: int) -> None:
 # -- bundled models ----------------------------------------------------------
 
 def _read_data(filename: str) -> dict:
-    return json.loads(resources.files("sim").joinpath("data").joinpath(filename).read_text())
+    return json.loads(resources.files("unikv.sim").joinpath("data").joinpath(filename).read_text())
 
 
 @cache

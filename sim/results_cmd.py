@@ -1,4 +1,4 @@
-"""`python -m sim.results_cmd`: regenerate the committed headline tables and figures.
+"""`python -m unikv.sim.results_cmd`: regenerate the committed headline tables and figures.
 
 Runs the headline set of `sim.analyses` (real trace slices x real hybrid
 models, budgets calibrated so that memory binds) and writes, under `--out`:
@@ -31,17 +31,17 @@ from typing import Optional, Sequence
 import pandas as pd
 
 import unikv
-from sim import analyses as an
-from sim import figures
-from sim.config import RunConfig
-from sim.run import git_revision
+from unikv.sim import analyses as an
+from unikv.sim import figures
+from unikv.sim.config import RunConfig
+from unikv.sim.run import git_revision
 
 CAPACITY_TRACE = "azure_conv"
 CAPACITY_MODELS = ("gemma-3-12b", "nemotron-3-nano-30b-a3b")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sim.results_cmd", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m unikv.sim.results_cmd", description=__doc__.splitlines()[0])
     p.add_argument("--traces-dir", type=Path, default=None,
                    help="read each slice from the full upstream file in this folder "
                         "(e.g. ../shared/traces) instead of the bundled sample")
@@ -83,7 +83,7 @@ def _slices(pairs) -> list[dict]:
 def _metadata(args: argparse.Namespace, argv: Sequence[str], pairs, calibration, started: float) -> dict:
     defaults = RunConfig()
     return {
-        "command": " ".join(["python -m sim.results_cmd", *(shlex.quote(a) for a in argv)]),
+        "command": " ".join(["python -m unikv.sim.results_cmd", *(shlex.quote(a) for a in argv)]),
         "generated_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
         "wall_s": round(time.perf_counter() - started, 1),
         "git_revision": git_revision(), "unikv_version": unikv.__version__,

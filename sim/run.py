@@ -16,17 +16,17 @@ from typing import Callable, Optional
 import pandas as pd
 import torch
 
-import traces
+from unikv import traces
 import unikv
-from sim import cost as cost_model
-from sim.config import TRACE_FIELDS, RunConfig
-from sim.engine import Simulation
-from sim.fit import max_request_tokens
-from sim.layouts import RequestTooLargeError, build_layout, check_fits
-from sim.memory import Memory
-from sim.models import load_model
-from sim.request import Request
-from sim.summary import summarize
+from unikv.sim import cost as cost_model
+from unikv.sim.config import TRACE_FIELDS, RunConfig
+from unikv.sim.engine import Simulation
+from unikv.sim.fit import max_request_tokens
+from unikv.sim.layouts import RequestTooLargeError, build_layout, check_fits
+from unikv.sim.memory import Memory
+from unikv.sim.models import load_model
+from unikv.sim.request import Request
+from unikv.sim.summary import summarize
 from unikv.backends import SimBackend
 
 GIB = 1 << 30

@@ -5,17 +5,17 @@ with ``arrival_s``, ``prompt_tokens``, ``output_tokens`` and optionally
 ``prefix_hashes``, with metadata in ``df.attrs``. See ``docs/traces.md``.
 """
 
-from traces.formats import known_formats
-from traces.loaders import load
-from traces.prefixes import (
+from unikv.traces.formats import known_formats
+from unikv.traces.loaders import load
+from unikv.traces.prefixes import (
     BlockIds,
     ConversationSpec,
     conversation_trace,
     shared_prefix_trace,
     with_unique_hashes,
 )
-from traces.samples import load_sample
-from traces.schema import (
+from unikv.traces.samples import load_sample
+from unikv.traces.schema import (
     REQUIRED_COLUMNS,
     TraceFormatError,
     TraceMeta,
@@ -25,8 +25,8 @@ from traces.schema import (
     validate,
     with_meta,
 )
-from traces.stats import summarize
-from traces.synthetic import (
+from unikv.traces.stats import summarize
+from unikv.traces.synthetic import (
     EmpiricalLengths,
     FixedLengths,
     LengthSampler,
@@ -35,7 +35,7 @@ from traces.synthetic import (
     poisson_arrivals,
     synthetic_trace,
 )
-from traces.transforms import (
+from unikv.traces.transforms import (
     clip_to_context,
     concat,
     repeat,
@@ -44,7 +44,7 @@ from traces.transforms import (
     subsample,
     window,
 )
-from traces.writers import save
+from unikv.traces.writers import save
 
 __all__ = [
     "REQUIRED_COLUMNS",

@@ -1,5 +1,5 @@
-"""``python -m traces ...``: see :mod:`traces.cli`."""
+"""``python -m unikv.traces ...``: see :mod:`traces.cli`."""
 
-from traces.cli import main
+from unikv.traces.cli import main
 
 raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""Command line: ``python -m traces describe FILE`` and ``convert FILE OUT``.
+"""Command line: ``python -m unikv.traces describe FILE`` and ``convert FILE OUT``.
 
 Thin layer over :func:`traces.load`, :func:`traces.stats.summarize` and
 :func:`traces.writers.save`. Bad input prints one ``error: ...`` line on
@@ -12,10 +12,10 @@ import json
 import sys
 from collections.abc import Sequence
 
-from traces.loaders import load
-from traces.schema import TraceFormatError
-from traces.stats import format_summary, summarize
-from traces.writers import save
+from unikv.traces.loaders import load
+from unikv.traces.schema import TraceFormatError
+from unikv.traces.stats import format_summary, summarize
+from unikv.traces.writers import save
 
 
 def _columns(text: str) -> dict[str, str]:

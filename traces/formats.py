@@ -12,8 +12,8 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
-from traces.readers import Peek
-from traces.schema import ARRIVAL, HASHES, OUTPUT, PROMPT, TraceFormatError
+from unikv.traces.readers import Peek
+from unikv.traces.schema import ARRIVAL, HASHES, OUTPUT, PROMPT, TraceFormatError
 
 # How the arrival column is encoded -> units per second (None: absolute datetime text).
 TIME_UNITS: dict[str, int | None] = {"datetime": None, "s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces import formats
-from traces.formats import Format
-from traces.normalize import (
+from unikv.traces import formats
+from unikv.traces.formats import Format
+from unikv.traces.normalize import (
     Parsed,
     check_hash_lengths,
     drop_unusable,
@@ -25,8 +25,8 @@ from traces.normalize import (
     sort_by_arrival,
     to_frame,
 )
-from traces.readers import Peek, peek, read_csv, read_jsonl
-from traces.schema import (
+from unikv.traces.readers import Peek, peek, read_csv, read_jsonl
+from unikv.traces.schema import (
     HASHES,
     TraceFormatError,
     TraceMeta,
@@ -34,8 +34,8 @@ from traces.schema import (
     validate,
     with_meta,
 )
-from traces.synthetic import poisson_arrivals
-from traces.transforms import spread_buckets
+from unikv.traces.synthetic import poisson_arrivals
+from unikv.traces.transforms import spread_buckets
 
 
 def sidecar(path: str | Path) -> Path:

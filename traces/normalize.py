@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from traces.formats import TIME_UNITS, Format
-from traces.readers import RawTable
-from traces.schema import (
+from unikv.traces.formats import TIME_UNITS, Format
+from unikv.traces.readers import RawTable
+from unikv.traces.schema import (
     TraceFormatError,
     TraceMeta,
     TraceWarning,

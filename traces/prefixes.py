@@ -20,7 +20,7 @@ from collections.abc import Hashable
 import numpy as np
 import pandas as pd
 
-from traces.schema import (
+from unikv.traces.schema import (
     HASHES,
     PROMPT,
     TraceFormatError,
@@ -31,7 +31,7 @@ from traces.schema import (
     meta_of,
     with_meta,
 )
-from traces.synthetic import LengthSampler, Seed, as_rng, gamma_arrivals
+from unikv.traces.synthetic import LengthSampler, Seed, as_rng, gamma_arrivals
 
 
 class BlockIds:

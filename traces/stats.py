@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from traces.schema import ARRIVAL, HASHES, OUTPUT, PROMPT
+from unikv.traces.schema import ARRIVAL, HASHES, OUTPUT, PROMPT
 
 PERCENTILES = (50, 90, 99)
 

@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 
-from traces.schema import OUTPUT, PROMPT, TraceFormatError, TraceMeta, make_frame
+from unikv.traces.schema import OUTPUT, PROMPT, TraceFormatError, TraceMeta, make_frame
 
 Seed = int | np.random.Generator
 

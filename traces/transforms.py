@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from traces.schema import (
+from unikv.traces.schema import (
     ARRIVAL,
     HASHES,
     OUTPUT,

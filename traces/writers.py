@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from traces.loaders import sidecar
-from traces.schema import HASHES, TraceFormatError, validate
+from unikv.traces.loaders import sidecar
+from unikv.traces.schema import HASHES, TraceFormatError, validate
 
 SUFFIXES = (".parquet", ".csv", ".jsonl")
 

@@ -10,7 +10,7 @@ from unikv.demo import run_demo
 
 
 def _traces(argv: Sequence[str]) -> int:
-    from traces.cli import main as traces_main
+    from unikv.traces.cli import main as traces_main
 
     return traces_main(list(argv))
 
@@ -20,7 +20,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv[:1] == ["traces"]:
         return _traces(argv[1:])
     if argv[:1] in (["replay"], ["compare"]):
-        from sim import cli as sim_cli
+        from unikv.sim import cli as sim_cli
 
         return getattr(sim_cli, argv[0])(argv[1:])
     parser = argparse.ArgumentParser(prog="unikv", description=__doc__)

@@ -1,7 +1,7 @@
 """Analyses over many runs: capacity over time, eager vs lazy, layouts compared.
 
-The notebooks under `notebooks/` and `python -m sim.results_cmd` call these
-functions (as `from sim import analyses as an`) and only plot what they
+The notebooks under `notebooks/` and `python -m unikv.sim.results_cmd` call these
+functions (as `from unikv.sim import analyses as an`) and only plot what they
 return. A `TraceSpec` names one slice of a real trace (window, rate scale,
 Poisson rate for length-only traces, context clip: the `RunConfig` trace
 fields, loaded by `sim.run.load_trace`); a `Case` is a trace slice x model x
@@ -26,26 +26,26 @@ the runs of one table over worker processes (spawned, so a parent that
 already used torch is safe); results do not depend on `n_jobs`.
 """
 
-from sim.analyses.budgets import (UNBOUNDED_GIB, budget_floor_gib, calibrate, demand,
+from unikv.sim.analyses.budgets import (UNBOUNDED_GIB, budget_floor_gib, calibrate, demand,
                                   holds_longest, suggest_budget_gib)
-from sim.analyses.headline import (HEADLINE_MODELS, HEADLINE_TRACES, SMALL_MAX_REQUESTS,
+from unikv.sim.analyses.headline import (HEADLINE_MODELS, HEADLINE_TRACES, SMALL_MAX_REQUESTS,
                                    SMALL_WINDOW_S, calibrated_cases, capacity_study, eager_vs_lazy,
                                    headline_pairs, small)
-from sim.analyses.jobs import Job, run_jobs
-from sim.analyses.plots import (LABEL_COLORS, plot_capacity_compared, plot_eager_lazy,
+from unikv.sim.analyses.jobs import Job, run_jobs
+from unikv.sim.analyses.plots import (LABEL_COLORS, plot_capacity_compared, plot_eager_lazy,
                                 plot_layouts, plot_sweep)
-from sim.analyses.ratios import Ratio, matched_ratio
-from sim.analyses.rows import (GIB, SUMMARY_KEYS, _move_bytes_per_s, band_demand, result_row,
+from unikv.sim.analyses.ratios import Ratio, matched_ratio
+from unikv.sim.analyses.rows import (GIB, SUMMARY_KEYS, _move_bytes_per_s, band_demand, result_row,
                                step_extras)
-from sim.analyses.slices import Case, TraceSpec, capacity_over_time, run_case
-from sim.analyses.sweep import (SWEEP_EXTEND, SWEEP_FACTORS, SWEEP_REFINE, SWEEP_STEP,
+from unikv.sim.analyses.slices import Case, TraceSpec, capacity_over_time, run_case
+from unikv.sim.analyses.sweep import (SWEEP_EXTEND, SWEEP_FACTORS, SWEEP_REFINE, SWEEP_STEP,
                                 _clamp, _default_factor, _extension, _refinement, _spread,
                                 _static_points, feasible_factors, layout_comparison, layout_runs,
                                 static_ratio_sweep)
-from sim.analyses.views import (CASE_KEYS, EAGER_LAZY_COLUMNS, HEADLINE_COLUMNS, SWEEP_COLUMNS,
+from unikv.sim.analyses.views import (CASE_KEYS, EAGER_LAZY_COLUMNS, HEADLINE_COLUMNS, SWEEP_COLUMNS,
                                 _with_efficiency, best_static, eager_lazy_view, headline,
                                 sweep_view)
-from sim.models import load_model
+from unikv.sim.models import load_model
 
 __all__ = [
     "CASE_KEYS", "EAGER_LAZY_COLUMNS", "GIB", "HEADLINE_COLUMNS", "HEADLINE_MODELS",

@@ -7,11 +7,11 @@ from typing import Iterable, Sequence
 
 import pandas as pd
 
-from sim.analyses.jobs import Job, run_jobs
-from sim.analyses.ratios import _unified_kind
-from sim.analyses.rows import GIB
-from sim.analyses.slices import Case, TraceSpec
-from sim.models import load_model
+from unikv.sim.analyses.jobs import Job, run_jobs
+from unikv.sim.analyses.ratios import _unified_kind
+from unikv.sim.analyses.rows import GIB
+from unikv.sim.analyses.slices import Case, TraceSpec
+from unikv.sim.models import load_model
 
 UNBOUNDED_GIB = 128.0
 
@@ -38,7 +38,7 @@ def holds_longest(case: Case, kind: str, static_ratio=None) -> bool:
     """Whether an empty pool of this layout holds the slice's longest request
     (`sim.layouts.check_fits`: the engine's own allocation path, so no request
     of the slice is rejected at a budget where this holds)."""
-    from sim.layouts import build_layout, check_fits
+    from unikv.sim.layouts import build_layout, check_fits
 
     config = case.config(layout=kind)
     try:

@@ -8,11 +8,11 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
-from sim.analyses.jobs import Job, run_jobs
-from sim.analyses.ratios import _unified_kind
-from sim.analyses.slices import Case, TraceSpec, capacity_over_time
-from sim.analyses.views import eager_lazy_view
-from sim.run import RunResult
+from unikv.sim.analyses.jobs import Job, run_jobs
+from unikv.sim.analyses.ratios import _unified_kind
+from unikv.sim.analyses.slices import Case, TraceSpec, capacity_over_time
+from unikv.sim.analyses.views import eager_lazy_view
+from unikv.sim.run import RunResult
 
 HEADLINE_TRACES = (
     TraceSpec(name="azure_conv", end_s=90.0, rate_scale=2.0),

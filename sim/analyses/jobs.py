@@ -9,9 +9,9 @@ from typing import Sequence
 
 import pandas as pd
 
-from sim.analyses.ratios import _ratio_columns
-from sim.analyses.rows import result_row
-from sim.analyses.slices import Case, run_case
+from unikv.sim.analyses.ratios import _ratio_columns
+from unikv.sim.analyses.rows import result_row
+from unikv.sim.analyses.slices import Case, run_case
 
 
 @dataclass(frozen=True)

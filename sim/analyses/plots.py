@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.analyses.views import CASE_KEYS
+from unikv.sim.analyses.views import CASE_KEYS
 
 LABEL_COLORS = {"static (default)": "#bbbbbb", "static (best of sweep)": "#666666",
                 "end_end/lazy": "#1f77b4", "end_end/eager": "#aec7e8",
@@ -17,7 +17,7 @@ LABEL_COLORS = {"static (default)": "#bbbbbb", "static (best of sweep)": "#66666
 def _figure(*args, **kwargs):
     import matplotlib.pyplot as plt
 
-    import sim.figures  # noqa: F401  (selects the file-only backend)
+    import unikv.sim.figures  # noqa: F401  (selects the file-only backend)
 
     return plt.subplots(*args, **kwargs)
 

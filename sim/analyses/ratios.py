@@ -8,8 +8,8 @@ from typing import Optional
 
 import pandas as pd
 
-from sim.layouts import DEFAULT_MAMBA_FULL_MEMORY_RATIO, DEFAULT_SWA_FULL_TOKENS_RATIO, applicable_kinds
-from sim.models import load_model
+from unikv.sim.layouts import DEFAULT_MAMBA_FULL_MEMORY_RATIO, DEFAULT_SWA_FULL_TOKENS_RATIO, applicable_kinds
+from unikv.sim.models import load_model
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Ratio:
                        mamba_full_memory=self.mamba_full_memory * factor)
 
     def as_static_ratio(self):
-        from sim.layouts import StaticRatio
+        from unikv.sim.layouts import StaticRatio
 
         return StaticRatio(swa_full_tokens=self.swa_full_tokens,
                            mamba_full_memory=self.mamba_full_memory)

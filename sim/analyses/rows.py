@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.run import RunResult
+from unikv.sim.run import RunResult
 
 GIB = float(1 << 30)
 
@@ -73,7 +73,7 @@ def result_row(result: RunResult) -> dict:
 
 @lru_cache(maxsize=1)
 def _move_bytes_per_s() -> float:
-    from sim import cost
+    from unikv.sim import cost
 
     results = Path(__file__).resolve().parents[2] / "results" / "kernels"
     return cost.HardwareSpec.from_results(results).move_bytes_per_s

@@ -9,9 +9,9 @@ from typing import Optional
 
 import pandas as pd
 
-import traces
-from sim.config import RunConfig
-from sim.run import RunResult, load_trace, run
+from unikv import traces
+from unikv.sim.config import RunConfig
+from unikv.sim.run import RunResult, load_trace, run
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,11 +7,11 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
-from sim.analyses.budgets import _edge, holds_longest
-from sim.analyses.jobs import Job, run_jobs
-from sim.analyses.ratios import Ratio, _default_ratio, _static_change, _unified_kind, matched_ratio
-from sim.analyses.slices import Case
-from sim.analyses.views import _with_efficiency, headline, sweep_view
+from unikv.sim.analyses.budgets import _edge, holds_longest
+from unikv.sim.analyses.jobs import Job, run_jobs
+from unikv.sim.analyses.ratios import Ratio, _default_ratio, _static_change, _unified_kind, matched_ratio
+from unikv.sim.analyses.slices import Case
+from unikv.sim.analyses.views import _with_efficiency, headline, sweep_view
 
 SWEEP_FACTORS = (0.7, 1.0, 1.4)
 """Static ratios swept: these multiples of the ratio the oracle's own mix gives."""

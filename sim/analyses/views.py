@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from sim.analyses.rows import GIB
+from unikv.sim.analyses.rows import GIB
 
 CASE_KEYS = ["trace", "model", "kv_budget_gib", "rate_scale"]
 

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import traces
-from sim import analyses as an
-from sim.layouts import StaticRatio, build_layout, check_fits
+from unikv import traces
+from unikv.sim import analyses as an
+from unikv.sim.layouts import StaticRatio, build_layout, check_fits
 
 TINY = an.TraceSpec(name="azure_conv", end_s=4.0, rate_scale=2.0, max_requests=8)
 
@@ -38,8 +38,8 @@ def test_trace_spec_applies_window_clip_rate_and_cap():
 
 
 def test_trace_spec_loads_through_the_simulator_loader():
-    from sim.config import RunConfig
-    from sim.run import load_trace
+    from unikv.sim.config import RunConfig
+    from unikv.sim.run import load_trace
 
     spec = an.TraceSpec(name="sharegpt_lengths", end_s=20.0, rate_rps=4.0, max_context_tokens=2048,
                         seed=3)
@@ -249,7 +249,7 @@ def test_results_do_not_depend_on_worker_processes():
 # -- the results command --------------------------------------------------------------------
 
 def test_results_command_writes_stamped_tables(tmp_path, monkeypatch):
-    from sim import results_cmd
+    from unikv.sim import results_cmd
 
     monkeypatch.setattr(results_cmd.an, "headline_pairs",
                         lambda **kw: [(TINY, "gemma-3-12b"), (TINY, "nemotron-3-nano-30b-a3b")])
@@ -258,9 +258,9 @@ def test_results_command_writes_stamped_tables(tmp_path, monkeypatch):
     for name in ("calibration", "layouts", "static_sweep", "eager_vs_lazy", "capacity_runs"):
         assert (tmp_path / f"{name}.csv").exists()
         md = (tmp_path / f"{name}.md").read_text()
-        assert "python -m sim.results_cmd --small --out" in md and "azure_conv" in md
+        assert "python -m unikv.sim.results_cmd --small --out" in md and "azure_conv" in md
         meta = json.loads((tmp_path / f"{name}.json").read_text())
-        assert meta["command"].startswith("python -m sim.results_cmd") and meta["git_revision"]
+        assert meta["command"].startswith("python -m unikv.sim.results_cmd") and meta["git_revision"]
     for fig in ("layouts.png", "static_sweep.png", "eager_vs_lazy.png", "capacity_gemma-3-12b.png",
                 "frontiers_nemotron-3-nano-30b-a3b.png"):
         assert (tmp_path / fig).stat().st_size > 0

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from sim.cost import HardwareSpec, step_cost, step_time_s
-from sim.models import ModelSpec, load_model
+from unikv.sim.cost import HardwareSpec, step_cost, step_time_s
+from unikv.sim.models import ModelSpec, load_model
 
 H200 = HardwareSpec()
 LLAMA = load_model("llama-3.1-8b")  # 8,030,261,248 params, bf16 weights
@@ -117,7 +117,7 @@ def test_engine_step_cost_is_step_time_s_exactly():
     # must be step_time_s's, bit for bit (replays stay identical).
     import random
 
-    from sim.cost import EngineStepCost
+    from unikv.sim.cost import EngineStepCost
 
     hw = dataclasses.replace(H200, move_bytes_per_s=3.96e12)
     engine = EngineStepCost(LLAMA, hw)
@@ -131,7 +131,7 @@ def test_engine_step_cost_is_step_time_s_exactly():
 
 
 def test_engine_step_cost_names_a_missing_model_figure_at_the_first_forward():
-    from sim.cost import EngineStepCost
+    from unikv.sim.cost import EngineStepCost
 
     bare = dataclasses.replace(LLAMA, params_active=None)
     engine = EngineStepCost(bare, H200)  # building it does not raise

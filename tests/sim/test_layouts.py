@@ -2,7 +2,7 @@
 
 import pytest
 
-from sim.layouts import (
+from unikv.sim.layouts import (
     LAYOUT_KINDS,
     RequestTooLargeError,
     StaticRatio,
@@ -13,7 +13,7 @@ from sim.layouts import (
     static_region_bytes,
     worst_case_request_bytes,
 )
-from sim.models import ModelSpec, load_model
+from unikv.sim.models import ModelSpec, load_model
 from unikv import OraclePool, StaticPartitionPool, UnifiedPool
 
 THREE = ModelSpec(name="three", full_layers=4, swa_layers=12, state_layers=16, window_tokens=512,

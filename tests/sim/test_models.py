@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.models import ModelSpec, list_models, load_model, parse_config
+from unikv.sim.models import ModelSpec, list_models, load_model, parse_config
 
 SHARED = Path(__file__).resolve().parents[3] / "shared"
 CONFIGS = sorted((SHARED / "models" / "configs").glob("*.json"))
@@ -264,7 +264,7 @@ def test_hymba_without_sharing_or_meta_tokens():
 
 
 def test_hymba_end_float_end_layout():
-    from sim.layouts import applicable_kinds, build_layout
+    from unikv.sim.layouts import applicable_kinds, build_layout
 
     model = load_model("hymba-1.5b-base")
     assert "end_float_end" in applicable_kinds(model)

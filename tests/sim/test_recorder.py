@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sim.recorder import BAND_COLUMNS, DERIVED_COLUMNS, RAW_COLUMNS, STEP_COLUMNS, Recorder
+from unikv.sim.recorder import BAND_COLUMNS, DERIVED_COLUMNS, RAW_COLUMNS, STEP_COLUMNS, Recorder
 
 
 def fake_pool_columns(bands):

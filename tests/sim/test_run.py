@@ -5,12 +5,12 @@ import json
 import pandas as pd
 import pytest
 
-import traces
-from sim.cli import compare, replay
-from sim.config import RunConfig
-from sim.layouts import RequestTooLargeError, build_layout, check_fits
-from sim.models import load_model
-from sim.run import load_trace, run, write_run
+from unikv import traces
+from unikv.sim.cli import compare, replay
+from unikv.sim.config import RunConfig
+from unikv.sim.layouts import RequestTooLargeError, build_layout, check_fits
+from unikv.sim.models import load_model
+from unikv.sim.run import load_trace, run, write_run
 
 SMALL = dict(trace="azure_conv", trace_end_s=20.0, model="gpt-oss-20b", kv_budget_gib=1.0, check_every=25)
 
@@ -202,8 +202,8 @@ def test_every_config_field_is_a_cli_flag_with_its_default(tmp_path):
     import argparse
     import dataclasses
 
-    from sim.cli import _add_config_options, _config
-    from sim.config import SchedulerConfig
+    from unikv.sim.cli import _add_config_options, _config
+    from unikv.sim.config import SchedulerConfig
 
     parser = argparse.ArgumentParser()
     _add_config_options(parser)
@@ -256,7 +256,7 @@ def test_a_three_kind_model_runs_on_every_layout_it_has(layout):
 
 def test_meta_tokens_are_one_shared_copy_held_for_the_run():
     """128 meta tokens at page size 16: 8 pages on every token band, once."""
-    from sim.memory import Memory
+    from unikv.sim.memory import Memory
     from unikv.backends import SimBackend
 
     model = load_model("hymba-1.5b-base")
@@ -275,7 +275,7 @@ def test_meta_tokens_are_one_shared_copy_held_for_the_run():
 def test_replay_pauses_the_cyclic_collector_and_restores_it():
     import gc
 
-    from sim.run import gc_paused
+    from unikv.sim.run import gc_paused
 
     seen = []
     with gc_paused():
@@ -294,9 +294,9 @@ def test_kv_read_from_totals_equals_the_walk(model):
     """The engine reads a whole running batch's KV bytes from totals."""
     import random
 
-    from sim.models import load_model
-    from sim.request import Request
-    from sim.run import KVRead
+    from unikv.sim.models import load_model
+    from unikv.sim.request import Request
+    from unikv.sim.run import KVRead
 
     kv = KVRead(load_model(model))
     rng = random.Random(7)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from traces import load
-from traces.cli import main
+from unikv.traces import load
+from unikv.traces.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from traces import formats
-from traces.readers import peek
-from traces.schema import TraceFormatError
+from unikv.traces import formats
+from unikv.traces.readers import peek
+from unikv.traces.schema import TraceFormatError
 
 
 @pytest.mark.parametrize("name", ["azure_2023", "azure_2024", "mooncake", "burstgpt", "lengths", "vidur"])

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from traces import TraceFormatError, TraceWarning, load, validate
+from unikv.traces import TraceFormatError, TraceWarning, load, validate
 
 
 def _load_quiet(path, **kw):

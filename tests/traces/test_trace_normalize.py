@@ -7,16 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from traces.formats import FORMATS
-from traces.normalize import (
+from unikv.traces.formats import FORMATS
+from unikv.traces.normalize import (
     _hash_list,
     check_hash_lengths,
     drop_unusable,
     parse,
     sort_by_arrival,
 )
-from traces.readers import RawTable
-from traces.schema import TraceFormatError, TraceWarning
+from unikv.traces.readers import RawTable
+from unikv.traces.schema import TraceFormatError, TraceWarning
 
 P = Path("x.csv")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from traces import (
+from unikv.traces import (
     BlockIds,
     ConversationSpec,
     FixedLengths,
@@ -14,8 +14,8 @@ from traces import (
     validate,
     with_unique_hashes,
 )
-from traces.prefixes import prompt_hashes
-from traces.stats import prefix_hit_ratio
+from unikv.traces.prefixes import prompt_hashes
+from unikv.traces.stats import prefix_hit_ratio
 
 
 def test_prompt_hashes_stable_shared_and_partial_blocks():

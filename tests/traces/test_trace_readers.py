@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from traces.readers import peek, read_csv, read_jsonl
-from traces.schema import TraceFormatError
+from unikv.traces.readers import peek, read_csv, read_jsonl
+from unikv.traces.schema import TraceFormatError
 
 
 @pytest.mark.parametrize("gz", [False, True])

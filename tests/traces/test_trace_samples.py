@@ -7,9 +7,9 @@ import warnings
 
 import pytest
 
-from traces import TraceFormatError, load, load_sample, samples, validate
-from traces.samples.build import CUTS
-from traces.stats import summarize
+from unikv.traces import TraceFormatError, load, load_sample, samples, validate
+from unikv.traces.samples.build import CUTS
+from unikv.traces.stats import summarize
 
 NAMES = samples.names()
 

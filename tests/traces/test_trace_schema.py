@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from traces.schema import (
+from unikv.traces.schema import (
     TraceFormatError,
     TraceMeta,
     expected_blocks,

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from traces import TraceMeta, make_frame
-from traces.stats import format_summary, length_stats, prefix_hit_ratio, summarize
+from unikv.traces import TraceMeta, make_frame
+from unikv.traces.stats import format_summary, length_stats, prefix_hit_ratio, summarize
 
 
 def test_length_stats_percentiles_are_linear():

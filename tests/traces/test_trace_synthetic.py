@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from traces import (
+from unikv.traces import (
     EmpiricalLengths,
     FixedLengths,
     LognormalLengths,

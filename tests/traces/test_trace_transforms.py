@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from traces import TraceFormatError, TraceMeta, make_frame, validate
-from traces.transforms import (
+from unikv.traces import TraceFormatError, TraceMeta, make_frame, validate
+from unikv.traces.transforms import (
     clip_to_context,
     concat,
     repeat,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from traces import TraceFormatError, load, load_sample, save, window
+from unikv.traces import TraceFormatError, load, load_sample, save, window
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".csv", ".jsonl"])

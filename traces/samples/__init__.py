@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from traces.schema import TraceFormatError, meta_of, with_meta
+from unikv.traces.schema import TraceFormatError, meta_of, with_meta
 
 DIR = Path(__file__).resolve().parent
 STATS_FILE = DIR / "stats.json"
@@ -63,7 +63,7 @@ def load_sample(name: str = DEFAULT, **opts: Any) -> pd.DataFrame:
     Returns:
         The trace frame; its ``history`` starts with the sample's cut.
     """
-    from traces.loaders import load  # late: traces.loaders does not need samples
+    from unikv.traces.loaders import load  # late: traces.loaders does not need samples
 
     entry = info(name)
     df = load(path(name), **opts)

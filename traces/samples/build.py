@@ -1,6 +1,6 @@
 """Regenerate the bundled samples and ``stats.json`` from the full traces.
 
-Usage: ``python -m traces.samples.build [SOURCE_DIR]`` (default:
+Usage: ``python -m unikv.traces.samples.build [SOURCE_DIR]`` (default:
 ``../shared/traces`` beside the repository). Each sample is the source's
 first bytes: the header line (CSV) and the first N data lines, where N is
 either fixed or the number of rows arriving within the first T seconds.
@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from traces.loaders import load
-from traces.samples import DIR, STATS_FILE
-from traces.stats import summarize
+from unikv.traces.loaders import load
+from unikv.traces.samples import DIR, STATS_FILE
+from unikv.traces.stats import summarize
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SOURCE = REPO.parent / "shared" / "traces"
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     samples = {cut.name: build_one(cut, src_dir, manifest) for cut in CUTS}
     doc = {
         "description": "Bundled trace samples: byte prefixes of the files in shared/traces. "
-        "Rebuild with `python -m traces.samples.build`. Stats computed by traces.stats.summarize.",
+        "Rebuild with `python -m unikv.traces.samples.build`. Stats computed by traces.stats.summarize.",
         "samples": samples,
     }
     STATS_FILE.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
