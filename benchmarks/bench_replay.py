@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from unikv.sim.config import RunConfig
 from unikv.sim.run import git_revision, run
 

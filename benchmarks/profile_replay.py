@@ -23,6 +23,7 @@ from unikv.sim.config import RunConfig
 from unikv.sim.engine import Simulation
 from unikv.sim.memory import Memory
 from unikv.sim.run import run
+
 from unikv import OraclePool, StaticPartitionPool, UnifiedPool
 from unikv.bands import EndBand
 

@@ -12,11 +12,10 @@ import math
 import sys
 import time
 import typing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import pandas as pd
-
 from unikv.sim.config import COMPACTIONS, LAYOUTS, OVERSIZE, RunConfig, SchedulerConfig
 from unikv.sim.layouts import applicable_kinds
 from unikv.sim.models import load_model
@@ -121,7 +120,7 @@ def print_summary(summary: dict, identity: dict, wall_s: float) -> None:
     print(f"  {'wall time':34} {wall_s:.1f} s")
 
 
-def replay(argv: Optional[Sequence[str]] = None) -> int:
+def replay(argv: Sequence[str] | None = None) -> int:
     from unikv.sim.figures import run_figures
     from unikv.sim.run import run, write_run
     from unikv.sim.summary import capacity_efficiency
@@ -170,7 +169,7 @@ def grid(config: RunConfig, layouts: Sequence[str], compactions: Sequence[str],
     return out
 
 
-def compare(argv: Optional[Sequence[str]] = None) -> int:
+def compare(argv: Sequence[str] | None = None) -> int:
     from unikv.sim.figures import comparison
     from unikv.sim.run import run, write_run
 

@@ -7,7 +7,6 @@ every field into a `--flag` of the field's type).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Optional
 
 LAYOUTS = ("static", "end_end", "end_float_end", "oracle")
 COMPACTIONS = ("lazy", "eager")
@@ -25,7 +24,7 @@ class SchedulerConfig:
     max_running: int = _opt(256, "max running requests")
     prefill_tokens_per_step: int = _opt(8192, "chunked-prefill token budget per step")
     prefix_cache: bool = _opt(True, "reuse cached prompt blocks (traces with prefix hashes)")
-    block_tokens: Optional[int] = _opt(None, "prefix block size in tokens (default: the trace's)")
+    block_tokens: int | None = _opt(None, "prefix block size in tokens (default: the trace's)")
     # Decode reserve at admission, after SGLang's new_token_ratio
     # (schedule_policy / scheduler: init 0.7, floor 0.1, linear decay).
     reserve_init: float = _opt(0.7, "decode reserve ratio at start and after a retraction")
@@ -77,19 +76,19 @@ class RunConfig:
     """
 
     trace: str = _opt("azure_conv", "bundled sample name or trace file path")
-    rate_rps: Optional[float] = _opt(None, "Poisson arrivals (req/s) for traces without timestamps")
-    spread_s: Optional[float] = _opt(None, "spread equal timestamps over this many seconds (Mooncake: 3)")
+    rate_rps: float | None = _opt(None, "Poisson arrivals (req/s) for traces without timestamps")
+    spread_s: float | None = _opt(None, "spread equal timestamps over this many seconds (Mooncake: 3)")
     trace_start_s: float = _opt(0.0, "start of the trace window, s")
-    trace_end_s: Optional[float] = _opt(300.0, "end of the trace window, s (none: no end)")
-    max_context_tokens: Optional[int] = _opt(None, "clip each request to this many tokens")
+    trace_end_s: float | None = _opt(300.0, "end of the trace window, s (none: no end)")
+    max_context_tokens: int | None = _opt(None, "clip each request to this many tokens")
     rate_scale: float = _opt(1.0, "replay this many times faster")
-    max_requests: Optional[int] = _opt(None, "keep the first N requests")
+    max_requests: int | None = _opt(None, "keep the first N requests")
     model: str = _opt("gemma-3-12b", "bundled model name or a Hugging Face config.json path")
     kv_budget_gib: float = _opt(8.0, "KV buffer size in GiB")
     page_size: int = _opt(16, "tokens per page")
     layout: str = _opt("end_end", "layout kind")
     compaction: str = _opt("lazy", "compaction of unified END bands")
-    static_ratio: Optional[float] = _opt(None, "static split ratio (swa/full tokens, or mamba/full bytes)")
+    static_ratio: float | None = _opt(None, "static split ratio (swa/full tokens, or mamba/full bytes)")
     oversize: str = _opt("error", "a request that can never fit: stop before the run, or reject it")
     seed: int = _opt(0, "seed of sampled trace transforms (Poisson arrivals, spread)")
     check_every: int = _opt(0, "verify pool invariants every N steps (0: never)")
@@ -112,7 +111,7 @@ class RunConfig:
             if (value is not None or name == "page_size") and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r} must be a positive integer")
 
-    def with_(self, **changes) -> "RunConfig":
+    def with_(self, **changes) -> RunConfig:
         """A copy with `changes` (scheduler fields may be given flat)."""
         sched = {k: changes.pop(k) for k in list(changes) if k in SCHEDULER_FIELDS}
         if sched:

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import simpy
-
 from unikv.sim.memory import Memory, int64_ids
 from unikv.sim.recorder import Recorder
 from unikv.sim.request import Request
@@ -48,7 +47,7 @@ class Simulation:
                  kv_bytes: Callable[[list[Request]], int], max_running: int,
                  prefill_tokens_per_step: int, max_tokens: int,
                  reserve: tuple[float, float, float] = (0.0, 0.0, 0.0), check_every: int = 0,
-                 is_oracle: bool = False, progress: Optional[Callable[[int], None]] = None) -> None:
+                 is_oracle: bool = False, progress: Callable[[int], None] | None = None) -> None:
         self.env = simpy.Environment()
         self.requests = requests
         self.mem = memory
@@ -85,8 +84,8 @@ class Simulation:
         self._band_counters = tuple(self.pool.counters.bands.values())
         self.arrived = self.done = self.steps = 0
         self.violations: list[str] = []
-        self._wake: Optional[simpy.Event] = None
-        self._sample: Optional[tuple] = None  # (epoch, pool sample) of the last row
+        self._wake: simpy.Event | None = None
+        self._sample: tuple | None = None  # (epoch, pool sample) of the last row
         self._moved_mark = 0
         self._counts = dict(admitted=0, finished=0, retracted=0, rejected=0)
 
@@ -208,7 +207,7 @@ class Simulation:
             ok = self._reserve_holds(r, chunk, left)
             if ok and self.mem.state_band is not None:
                 ok = self.mem.take_state(r) and self._reserve_holds(r, chunk, left)
-            if not ok or not self._with_eviction(lambda: self.mem.extend(r, chunk)):
+            if not ok or not self._with_eviction(lambda: self.mem.extend(r, chunk)):  # noqa: B023 (called at once)
                 self._undo_admission(r)
                 break
             self.waiting.popleft()

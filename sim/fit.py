@@ -8,14 +8,13 @@ ratchet between); `sim.layouts.check_fits` and the engine's rejection limit
 
 from __future__ import annotations
 
-from typing import Optional
-
 from unikv.sim.memory import Memory
 from unikv.sim.request import Request
+
 from unikv.backends import SimBackend
 
 
-def fits_alone(plan, tokens: int, *, prefill_chunk_tokens: Optional[int] = None,
+def fits_alone(plan, tokens: int, *, prefill_chunk_tokens: int | None = None,
                compaction: str = "lazy") -> bool:
     """Whether an empty pool of `plan` holds one request of `tokens` tokens
     (all prompt: the worst case for a given total), prefilled in chunks of
@@ -42,7 +41,7 @@ def fits_alone(plan, tokens: int, *, prefill_chunk_tokens: Optional[int] = None,
     return True
 
 
-def max_request_tokens(plan, cap: int, *, prefill_chunk_tokens: Optional[int] = None,
+def max_request_tokens(plan, cap: int, *, prefill_chunk_tokens: int | None = None,
                        compaction: str = "lazy") -> int:
     """The most tokens (at most `cap`) for which `fits_alone` holds (bisection)."""
     def fits(n: int) -> bool:

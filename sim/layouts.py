@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from unikv.sim.fit import fits_alone
 from unikv.sim.models import ModelSpec
+
 from unikv import Band, Layout, OraclePool, StaticPartitionPool, UnifiedPool
 
 LAYOUT_KINDS = ("static", "end_end", "end_float_end", "oracle")

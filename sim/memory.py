@@ -9,11 +9,10 @@ exactly the pool's live pages.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 import torch
-
 from unikv.sim.prefix_cache import Node, PrefixCache
 from unikv.sim.request import Request
 
@@ -40,7 +39,7 @@ class Memory:
         ValueError: the pool cannot hold the meta tokens.
     """
 
-    def __init__(self, pool, *, window_tokens: Optional[int], block_tokens: Optional[int],
+    def __init__(self, pool, *, window_tokens: int | None, block_tokens: int | None,
                  meta_tokens: int = 0) -> None:
         self.pool = pool
         self.ps = pool.page_size
@@ -87,7 +86,7 @@ class Memory:
 
     # -- eviction --
 
-    def with_eviction(self, attempt: Callable[[], Optional[torch.Tensor]]):
+    def with_eviction(self, attempt: Callable[[], torch.Tensor | None]):
         """`attempt()`, evicting cached blocks between tries until it works
         or nothing is left to evict (then None)."""
         out = attempt()
@@ -205,7 +204,7 @@ class Memory:
             req.pages.extend((ids[offset:: self.ps] // self.ps).tolist())
         assert len(req.pages) == -(-(start + len(ids)) // self.ps)
 
-    def decode(self, reqs: list[Request]) -> Optional[list[int]]:
+    def decode(self, reqs: list[Request]) -> list[int] | None:
         """One new position for every request in `reqs` (no eviction): the
         virtual token ids the forward writes, in order, or None (nothing
         allocated, every request as it was) on shortfall."""

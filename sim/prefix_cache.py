@@ -15,21 +15,21 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 
 class Node:
     __slots__ = ("key", "parent", "children", "pages", "locks", "last_access", "state", "depth", "alive",
                  "nbytes")
 
-    def __init__(self, key, parent: Optional["Node"], pages: list[int], depth: int, nbytes: int = 0) -> None:
+    def __init__(self, key, parent: Node | None, pages: list[int], depth: int, nbytes: int = 0) -> None:
         self.key = key
         self.parent = parent
         self.children: dict = {}
         self.pages = pages
         self.locks = 0
         self.last_access = 0.0
-        self.state: Optional[int] = None  # state snapshot slot at this boundary
+        self.state: int | None = None  # state snapshot slot at this boundary
         self.depth = depth  # blocks from the root, this one included
         self.alive = True
         self.nbytes = nbytes  # bytes freeing this node's pages returns to the pool
@@ -97,7 +97,7 @@ class PrefixCache:
         if node.alive and node.locks == 0 and not node.children and node is not self.root:
             heapq.heappush(self._heap, (node.last_access, next(self._tick), node))
 
-    def evict_one(self) -> Optional[Node]:
+    def evict_one(self) -> Node | None:
         """Remove and return the least recently used unlocked leaf."""
         while self._heap:
             stamp, _, node = heapq.heappop(self._heap)

@@ -11,7 +11,7 @@ arithmetic a per-step computation would use.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd

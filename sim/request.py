@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 
 @dataclass(eq=False, slots=True)
@@ -29,13 +28,13 @@ class Request:
     shared_pages: int = 0
     nodes: list = field(default_factory=list)  # locked prefix-cache path
     swa_released: int = 0  # leading own pages released on the window band
-    state: Optional[int] = None  # state slot id
+    state: int | None = None  # state slot id
     hit_tokens: int = 0
     order: int = -1  # running order: set by the engine at each (re)admission
 
-    admitted_s: Optional[float] = None
-    first_token_s: Optional[float] = None
-    finished_s: Optional[float] = None
+    admitted_s: float | None = None
+    first_token_s: float | None = None
+    finished_s: float | None = None
     retractions: int = 0
     rejected: bool = False
 

@@ -23,18 +23,18 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional, Sequence
 
 import pandas as pd
-
-import unikv
 from unikv.sim import analyses as an
 from unikv.sim import figures
 from unikv.sim.config import RunConfig
 from unikv.sim.run import git_revision
+
+import unikv
 
 CAPACITY_TRACE = "azure_conv"
 CAPACITY_MODELS = ("gemma-3-12b", "nemotron-3-nano-30b-a3b")
@@ -155,7 +155,7 @@ def capacity_figures(cases: Sequence[an.Case], out: Path) -> list[dict]:
     return rows
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     started = time.perf_counter()

@@ -9,15 +9,12 @@ import math
 import subprocess
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
 import pandas as pd
 import torch
-
-from unikv import traces
-import unikv
 from unikv.sim import cost as cost_model
 from unikv.sim.config import TRACE_FIELDS, RunConfig
 from unikv.sim.engine import Simulation
@@ -27,6 +24,9 @@ from unikv.sim.memory import Memory
 from unikv.sim.models import load_model
 from unikv.sim.request import Request
 from unikv.sim.summary import summarize
+
+import unikv
+from unikv import traces
 from unikv.backends import SimBackend
 
 GIB = 1 << 30
@@ -156,8 +156,8 @@ def git_revision() -> str:
         return "unknown"
 
 
-def run(config: RunConfig, *, progress: Optional[Callable[[int, int], None]] = None,
-        trace_df: Optional[pd.DataFrame] = None, hw=None) -> RunResult:
+def run(config: RunConfig, *, progress: Callable[[int, int], None] | None = None,
+        trace_df: pd.DataFrame | None = None, hw=None) -> RunResult:
     """Replay the trace of `config` and return its tables and summary.
 
     Raises:

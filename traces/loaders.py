@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
 from unikv.traces import formats
 from unikv.traces.formats import Format
 from unikv.traces.normalize import (

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from unikv.traces.formats import TIME_UNITS, Format
 from unikv.traces.readers import RawTable
 from unikv.traces.schema import (

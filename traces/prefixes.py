@@ -19,7 +19,6 @@ from collections.abc import Hashable
 
 import numpy as np
 import pandas as pd
-
 from unikv.traces.schema import (
     HASHES,
     PROMPT,

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from unikv.traces.schema import ARRIVAL, HASHES, OUTPUT, PROMPT
 
 PERCENTILES = (50, 90, 99)

@@ -12,7 +12,6 @@ from typing import Protocol
 
 import numpy as np
 import pandas as pd
-
 from unikv.traces.schema import OUTPUT, PROMPT, TraceFormatError, TraceMeta, make_frame
 
 Seed = int | np.random.Generator

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
-
 from unikv.traces.schema import (
     ARRIVAL,
     HASHES,

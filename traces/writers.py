@@ -16,7 +16,6 @@ import json
 from pathlib import Path
 
 import pandas as pd
-
 from unikv.traces.loaders import sidecar
 from unikv.traces.schema import HASHES, TraceFormatError, validate
 

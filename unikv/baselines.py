@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 from unikv.bands import BudgetBand, RegionBand
 from unikv.layout import Layout
@@ -27,7 +27,7 @@ class StaticPartitionPool(UnifiedPool):
 
     band_classes = {"region": RegionBand}
 
-    def __init__(self, layout: Layout, backend=None, fractions: Optional[Mapping[str, float]] = None,
+    def __init__(self, layout: Layout, backend=None, fractions: Mapping[str, float] | None = None,
                  ids: str = "torch", **_ignored) -> None:
         if not isinstance(layout, Layout):
             raise ValueError(f"layout={layout!r} must be a unikv.Layout")

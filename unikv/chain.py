@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 from unikv.extent import (
-    Extent, Kind, after_urgent_flush, chain_gap_bytes, extension_room, joint_pages, take_all,
+    Extent,
+    Kind,
+    after_urgent_flush,
+    chain_gap_bytes,
+    extension_room,
+    joint_pages,
+    take_all,
 )
 from unikv.hazards import Epoch
 from unikv.layout import Layout
@@ -24,10 +30,10 @@ class Chain:
         self.sink_bytes = layout.sink_bytes
         self.epoch = epoch
         self.bands: list = []
-        self._float: tuple[Optional[list], Optional[int]] = (None, None)  # (bands, float index)
+        self._float: tuple[list | None, int | None] = (None, None)  # (bands, float index)
         self._memo: dict[tuple, tuple[int, int]] = {}
         # (epoch, extents, schedulable extents or None until asked)
-        self._extents: Optional[tuple[int, tuple, Optional[tuple]]] = None
+        self._extents: tuple[int, tuple, tuple | None] | None = None
         # The ladder-aware joint capacity, `(order, hint) -> pages`
         # (policy.ladder_joint_pages): policy sits above the chain, so the
         # pool hands it in and the chain only calls it.
@@ -46,7 +52,7 @@ class Chain:
             memo = self._extents = (memo[0], memo[1], tuple([after_urgent_flush(e) for e in memo[1]]))
         return memo[2]
 
-    def float_index(self) -> Optional[int]:
+    def float_index(self) -> int | None:
         """Index of the float band (None if the chain has none)."""
         bands, index = self._float
         if bands is not self.bands:  # computed once per band list

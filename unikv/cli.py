@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from unikv.demo import run_demo
 
@@ -15,7 +15,7 @@ def _traces(argv: Sequence[str]) -> int:
     return traces_main(list(argv))
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["traces"]:
         return _traces(argv[1:])

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import bisect
 import enum
-from typing import Mapping, NamedTuple, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -137,7 +138,7 @@ def extension_room(chain: Sequence[Extent], i: int, total_bytes: int) -> int:
     return min(max(0, free) // e.page_bytes, e.num_pages - e.min_page - e.live)
 
 
-def take(chain: Sequence[Extent], i: int, n: int, total_bytes: int) -> Optional[Extent]:
+def take(chain: Sequence[Extent], i: int, n: int, total_bytes: int) -> Extent | None:
     """Band `i`'s extent after taking `n` pages: holes first, then fresh
     pages at its growth frontier. None when they do not fit (no move allowed).
 
@@ -179,7 +180,7 @@ def _float_extend(chain: Sequence[Extent], i: int, ext: int, total_bytes: int) -
 
 def take_all(
     chain: Sequence[Extent], order: Sequence[int], n: int, total_bytes: int
-) -> Optional[list[Extent]]:
+) -> list[Extent] | None:
     """The chain after taking `n` pages on each band of `order`, in that
     order; None if any does not fit."""
     out = list(chain)
@@ -229,7 +230,7 @@ def joint_pages(
     return search(lambda n: take_all(chain, order, n, total_bytes) is not None, hi, hint)
 
 
-def facing_pair_pages(chain: Sequence[Extent], order: Sequence[int]) -> Optional[int]:
+def facing_pair_pages(chain: Sequence[Extent], order: Sequence[int]) -> int | None:
     """`joint_pages` of an UP band and a DOWN band that face each other
     (only transparent bands between, the UP band taken first), in closed
     form; None for any other `order`.
@@ -258,7 +259,7 @@ def facing_pair_pages(chain: Sequence[Extent], order: Sequence[int]) -> Optional
     return min(hi, max(u.holes, d.holes, meet))
 
 
-def budget_pages(chain: Sequence[Extent], order: Sequence[int]) -> Optional[int]:
+def budget_pages(chain: Sequence[Extent], order: Sequence[int]) -> int | None:
     """`joint_pages` when every band of `order` draws on the byte budget,
     in closed form (None otherwise): `n` pages of each cost `n` times the
     sum of their page bytes, and each band keeps its own page grid."""
@@ -368,7 +369,7 @@ def _run_length(diff: np.ndarray) -> int:
 
 
 def room_plan(low: int, high: int, holes: Sequence[int], region: tuple[int, int], side: Side,
-              need_pages: int, keep_far_pages: int = 0) -> Optional[Relocation]:
+              need_pages: int, keep_far_pages: int = 0) -> Relocation | None:
     """Open `need_pages` free pages between the span's `side` boundary and
     the region's edge there, displacing the span as little as possible.
 
@@ -426,7 +427,7 @@ def _strip_plan(low, high, free, n_live, region, side, strip, keep_far):
 
 
 def room_extent(low: int, high: int, holes: Sequence[int], region: tuple[int, int], side: Side,
-                need_pages: int, keep_far_pages: int = 0) -> Optional[tuple[int, int, int]]:
+                need_pages: int, keep_far_pages: int = 0) -> tuple[int, int, int] | None:
     """`(low, high, holes)` of the span `room_plan` would plan, or None when
     it plans nothing, from the holes sorted ascending: counts by bisection,
     no plan built. The capacity search asks this for many sizes; the ladder

@@ -9,7 +9,7 @@ One done-event covers both hazards: it is recorded after the whole forward.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -49,7 +49,7 @@ class Hazards:
 
     def __init__(self, backend) -> None:
         self.backend = backend
-        self.event: Optional[Any] = None
+        self.event: Any | None = None
         self.writes: dict[str, np.ndarray] = {}
         self._sets: dict[int, set[int]] = {}  # id(writes array) -> its set, built on first ask
         self.settles = 0
@@ -65,7 +65,7 @@ class Hazards:
         self.writes = {}
         self._sets = {}
 
-    def pending_event(self) -> Optional[Any]:
+    def pending_event(self) -> Any | None:
         """The forward's event while it is still running, else None."""
         if self.event is not None and self.backend.event_done(self.event):
             self.clear()

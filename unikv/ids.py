@@ -9,11 +9,10 @@ virtual ids on the host.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
-
 
 SMALL = 4  # up to this many ids, per-id Python steps are cheaper than numpy calls
 

@@ -10,8 +10,8 @@ bands apart.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator, Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Iterator, Sequence
 
 
 class Grow(enum.Enum):
@@ -36,7 +36,7 @@ class Side(enum.Enum):
     HIGH = "high"
 
     @property
-    def other(self) -> "Side":
+    def other(self) -> Side:
         return Side.HIGH if self is Side.LOW else Side.LOW
 
 

@@ -10,7 +10,7 @@ here is the host twin of `unikv.kernels.reference.paged_extend` /
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 
@@ -26,7 +26,7 @@ class PagedRequest(NamedTuple):
     last_loc: np.ndarray
     new_pages: int
     total_tokens: int
-    opens: Optional[np.ndarray] = None  # decode: the requests that open a page
+    opens: np.ndarray | None = None  # decode: the requests that open a page
 
 
 def page_of(ids: np.ndarray, page_size: int) -> np.ndarray:
@@ -78,7 +78,7 @@ def extend_request(pool, prefix_lens, seq_lens, last_loc, extend_num_tokens=None
 
 
 def _small_extend_request(pool, prefix: np.ndarray, seq: np.ndarray, last: np.ndarray,
-                          extend_num_tokens) -> Optional[PagedRequest]:
+                          extend_num_tokens) -> PagedRequest | None:
     """`extend_request` of a small batch, checked on Python ints; None when
     any check fails (the vector path then names the offenders)."""
     ps = pool.page_size
@@ -119,7 +119,7 @@ def decode_request(pool, seq_lens, last_loc) -> PagedRequest:
     return PagedRequest(prefix, seq, last, pages, len(seq), opens)
 
 
-def _small_decode_request(pool, seq: np.ndarray, last: np.ndarray) -> Optional[PagedRequest]:
+def _small_decode_request(pool, seq: np.ndarray, last: np.ndarray) -> PagedRequest | None:
     """`decode_request` of a small batch, checked on Python ints; None when
     any check fails (the vector path then names the offenders)."""
     opens = small_decode_opens(pool, seq, last)
@@ -128,7 +128,7 @@ def _small_decode_request(pool, seq: np.ndarray, last: np.ndarray) -> Optional[P
     return PagedRequest(seq - 1, seq, last, opens.count(True), len(opens), np.array(opens, dtype=bool))
 
 
-def small_decode_opens(pool, seq: np.ndarray, last: np.ndarray) -> Optional[list[bool]]:
+def small_decode_opens(pool, seq: np.ndarray, last: np.ndarray) -> list[bool] | None:
     """Which requests of a small, checked decode batch open a page (on
     Python ints); None when any check fails."""
     ps = pool.page_size
@@ -153,7 +153,7 @@ def _last_loc_ok(t: int, slot: int, ps: int, high: int, binds: np.ndarray) -> bo
 
 
 def _check_last_loc(pool, prefix: np.ndarray, last: np.ndarray, op: str,
-                    tail: Optional[np.ndarray] = None, n_tail: Optional[int] = None) -> None:
+                    tail: np.ndarray | None = None, n_tail: int | None = None) -> None:
     """Where a prefix ends inside a page (`tail`, and how many: `n_tail`;
     computed when not given), its `last_loc` must be a live id at the
     prefix's last position of that page."""
@@ -166,7 +166,7 @@ def _check_last_loc(pool, prefix: np.ndarray, last: np.ndarray, op: str,
     if n_tail < len(prefix):
         prefix, last = prefix[tail], last[tail]
     high = pool.vids.size * ps
-    if last.min() >= 0 and last.max() < high:
+    if last.min() >= 0 and last.max() < high:  # noqa: SIM102 (the comment belongs to the inner test)
         # last sits at position prefix - 1 of its page <=> (last + 1) % ps == prefix % ps
         if (slot_of(last + 1, ps) == slot_of(prefix, ps)).all() and pool.vids.binds[page_of(last, ps)].all():
             return  # the common case in a few vector passes; below, name the offenders

@@ -9,12 +9,21 @@ found (docs/allocator.md).
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Mapping, Optional, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from unikv.chain import Chain
 from unikv.extent import (
-    Extent, Kind, bound_above, bound_below, demand_fits, float_region, joint_pages, relocated,
-    room_extent, search, take_all,
+    Extent,
+    Kind,
+    bound_above,
+    bound_below,
+    demand_fits,
+    float_region,
+    joint_pages,
+    relocated,
+    room_extent,
+    search,
+    take_all,
 )
 from unikv.layout import Side
 from unikv.stats import Stats
@@ -95,7 +104,7 @@ def slide_plan(chain: Chain, ext: Sequence, demand: Mapping[int, int]):
 
 
 def slide_request(chain: Chain, ext: Sequence, demand: Mapping[int, int],
-                  holes: Sequence[int]) -> Optional[tuple[Side, int, int]]:
+                  holes: Sequence[int]) -> tuple[Side, int, int] | None:
     """The first room request (`_room_requests` order) whose planned float
     span lets `demand` fit, or None. Spans are counted by `room_extent` from
     the float's holes sorted ascending (`holes`), so a capacity search can

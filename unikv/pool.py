@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -107,7 +108,7 @@ class UnifiedPool:
     def _band_kind(self, band):
         return band.grow
 
-    def _regions(self) -> Optional[dict]:
+    def _regions(self) -> dict | None:
         return None
 
     # -- helpers --
@@ -167,7 +168,7 @@ class UnifiedPool:
 
     # -- token surface --
 
-    def alloc(self, n: int) -> Optional[torch.Tensor]:
+    def alloc(self, n: int) -> torch.Tensor | None:
         """`n` virtual token ids (n a multiple of page_size), page-structured,
         bound on every token band; None on shortfall (nothing allocated)."""
         self._require_tokens()
@@ -178,7 +179,7 @@ class UnifiedPool:
         offsets = np.arange(self.page_size, dtype=np.int64)
         return self._out((pages[:, None] * self.page_size + offsets).reshape(-1))
 
-    def alloc_extend(self, prefix_lens, seq_lens, last_loc, extend_num_tokens=None) -> Optional[torch.Tensor]:
+    def alloc_extend(self, prefix_lens, seq_lens, last_loc, extend_num_tokens=None) -> torch.Tensor | None:
         """Tokens `[prefix, seq)` of each request with tail-page reuse.
 
         Args:
@@ -197,7 +198,7 @@ class UnifiedPool:
             return None
         return self._out(paged.extend_ids(req, new_pages, self.page_size))
 
-    def alloc_decode(self, seq_lens, last_loc) -> Optional[torch.Tensor]:
+    def alloc_decode(self, seq_lens, last_loc) -> torch.Tensor | None:
         """One token per request at position `seq - 1` (seq includes it)."""
         self._require_tokens()
         seq = as_ids(seq_lens, "alloc_decode: seq_lens")
@@ -216,7 +217,7 @@ class UnifiedPool:
             return None
         return self._out(paged.decode_ids(req, new_pages, self.page_size))
 
-    def _take_token_pages(self, pages: int) -> Optional[np.ndarray]:
+    def _take_token_pages(self, pages: int) -> np.ndarray | None:
         """Fresh virtual pages bound on every token band, or None."""
         if pages == 0:
             return np.zeros(0, dtype=np.int64)
@@ -261,7 +262,7 @@ class UnifiedPool:
         self.vids.drop_all(pages)
         return moves
 
-    def release(self, ids, band: str, start_pos: Optional[int] = None) -> int:
+    def release(self, ids, band: str, start_pos: int | None = None) -> int:
         """Tombstone token ids on one band only (window ratchet, SWA eviction).
 
         Pages already released on `band` and the sink page are skipped.
@@ -301,7 +302,7 @@ class UnifiedPool:
             pages = pages[bound_on.v2p[pages] >= 0]
         return pages
 
-    def _few_live_token_pages(self, t: np.ndarray, allow_sink: bool, bound_on=None) -> Optional[np.ndarray]:
+    def _few_live_token_pages(self, t: np.ndarray, allow_sink: bool, bound_on=None) -> np.ndarray | None:
         """`_live_token_pages` of a few ids, on Python ints; None when a
         check fails (the vector path then names the offenders)."""
         ps, binds = self.page_size, self.vids.binds
@@ -328,7 +329,7 @@ class UnifiedPool:
 
     # -- state surface --
 
-    def alloc_state(self, band: str, n: int) -> Optional[torch.Tensor]:
+    def alloc_state(self, band: str, n: int) -> torch.Tensor | None:
         """`n` state slot ids of request band `band`, or None on shortfall."""
         b = self._state_band(band)
         n = check_count(n, "alloc_state: n")
@@ -472,7 +473,7 @@ class UnifiedPool:
         out += self.tables.mirror_violations()
         return out
 
-    def live_ids(self, band: Optional[str] = None) -> np.ndarray:
+    def live_ids(self, band: str | None = None) -> np.ndarray:
         """Live virtual page ids (ascending): token pages bound on any token
         band (`band=None`), or the live slot ids of state band `band`."""
         space = self.vids if band is None else self.state_ids[self._state_band(band).name]

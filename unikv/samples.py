@@ -14,7 +14,7 @@ equal to the live calls, sample by sample.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -30,7 +30,7 @@ class Stats:
     settles: int = 0  # waits on the in-flight forward
 
     @classmethod
-    def for_bands(cls, names) -> "Stats":
+    def for_bands(cls, names) -> Stats:
         return cls(bands={n: BandCounters() for n in names})
 
     def as_dict(self) -> dict:

@@ -7,7 +7,6 @@ import numpy as np
 from unikv.extent import BUDGET, FLOAT, REGION
 from unikv.layout import Unit
 
-
 BandUsage = tuple[int, int, int, int, int, int]  # live, hole, pending, occupied, low, high bytes
 
 

@@ -26,25 +26,63 @@ the runs of one table over worker processes (spawned, so a parent that
 already used torch is safe); results do not depend on `n_jobs`.
 """
 
-from unikv.sim.analyses.budgets import (UNBOUNDED_GIB, budget_floor_gib, calibrate, demand,
-                                  holds_longest, suggest_budget_gib)
-from unikv.sim.analyses.headline import (HEADLINE_MODELS, HEADLINE_TRACES, SMALL_MAX_REQUESTS,
-                                   SMALL_WINDOW_S, calibrated_cases, capacity_study, eager_vs_lazy,
-                                   headline_pairs, small)
+from unikv.sim.analyses.budgets import (
+                                  UNBOUNDED_GIB,
+                                  budget_floor_gib,
+                                  calibrate,
+                                  demand,
+                                  holds_longest,
+                                  suggest_budget_gib,
+)
+from unikv.sim.analyses.headline import (
+                                  HEADLINE_MODELS,
+                                  HEADLINE_TRACES,
+                                  SMALL_MAX_REQUESTS,
+                                  SMALL_WINDOW_S,
+                                  calibrated_cases,
+                                  capacity_study,
+                                  eager_vs_lazy,
+                                  headline_pairs,
+                                  small,
+)
 from unikv.sim.analyses.jobs import Job, run_jobs
-from unikv.sim.analyses.plots import (LABEL_COLORS, plot_capacity_compared, plot_eager_lazy,
-                                plot_layouts, plot_sweep)
+from unikv.sim.analyses.plots import (
+                                  LABEL_COLORS,
+                                  plot_capacity_compared,
+                                  plot_eager_lazy,
+                                  plot_layouts,
+                                  plot_sweep,
+)
 from unikv.sim.analyses.ratios import Ratio, matched_ratio
-from unikv.sim.analyses.rows import (GIB, SUMMARY_KEYS, _move_bytes_per_s, band_demand, result_row,
-                               step_extras)
+from unikv.sim.analyses.rows import GIB, SUMMARY_KEYS, _move_bytes_per_s, band_demand, result_row, step_extras
 from unikv.sim.analyses.slices import Case, TraceSpec, capacity_over_time, run_case
-from unikv.sim.analyses.sweep import (SWEEP_EXTEND, SWEEP_FACTORS, SWEEP_REFINE, SWEEP_STEP,
-                                _clamp, _default_factor, _extension, _refinement, _spread,
-                                _static_points, feasible_factors, layout_comparison, layout_runs,
-                                static_ratio_sweep)
-from unikv.sim.analyses.views import (CASE_KEYS, EAGER_LAZY_COLUMNS, HEADLINE_COLUMNS, SWEEP_COLUMNS,
-                                _with_efficiency, best_static, eager_lazy_view, headline,
-                                sweep_view)
+from unikv.sim.analyses.sweep import (
+                                  SWEEP_EXTEND,
+                                  SWEEP_FACTORS,
+                                  SWEEP_REFINE,
+                                  SWEEP_STEP,
+                                  _clamp,
+                                  _default_factor,
+                                  _extension,
+                                  _refinement,
+                                  _spread,
+                                  _static_points,
+                                  feasible_factors,
+                                  layout_comparison,
+                                  layout_runs,
+                                  static_ratio_sweep,
+)
+from unikv.sim.analyses.views import (
+                                  CASE_KEYS,
+                                  EAGER_LAZY_COLUMNS,
+                                  HEADLINE_COLUMNS,
+                                  SWEEP_COLUMNS,
+                                  _with_efficiency,
+                                  best_static,
+                                  eager_lazy_view,
+                                  headline,
+                                  sweep_view,
+)
 from unikv.sim.models import load_model
 
 __all__ = [

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import pandas as pd
-
 from unikv.sim.analyses.jobs import Job, run_jobs
 from unikv.sim.analyses.ratios import _unified_kind
 from unikv.sim.analyses.rows import GIB

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional, Sequence
 
 import pandas as pd
-
 from unikv.sim.analyses.jobs import Job, run_jobs
 from unikv.sim.analyses.ratios import _unified_kind
 from unikv.sim.analyses.slices import Case, TraceSpec, capacity_over_time
@@ -52,7 +51,7 @@ def small(spec: TraceSpec, window_s: float = SMALL_WINDOW_S,
 
 def headline_pairs(traces_: Sequence[TraceSpec] = HEADLINE_TRACES,
                    models: dict = HEADLINE_MODELS, *, small_slices: bool = False,
-                   traces_dir: Optional[Path] = None) -> list[tuple[TraceSpec, str]]:
+                   traces_dir: Path | None = None) -> list[tuple[TraceSpec, str]]:
     """(slice, model) pairs, each slice sped up by the model's multiplier."""
     out = []
     for spec in traces_:

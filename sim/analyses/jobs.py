@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Sequence
 
 import pandas as pd
-
 from unikv.sim.analyses.ratios import _ratio_columns
 from unikv.sim.analyses.rows import result_row
 from unikv.sim.analyses.slices import Case, run_case

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
 from unikv.sim.analyses.views import CASE_KEYS
 
 LABEL_COLORS = {"static (default)": "#bbbbbb", "static (best of sweep)": "#666666",
@@ -16,7 +15,6 @@ LABEL_COLORS = {"static (default)": "#bbbbbb", "static (best of sweep)": "#66666
 
 def _figure(*args, **kwargs):
     import matplotlib.pyplot as plt
-
     import unikv.sim.figures  # noqa: F401  (selects the file-only backend)
 
     return plt.subplots(*args, **kwargs)

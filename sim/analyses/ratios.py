@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Optional
 
 import pandas as pd
-
 from unikv.sim.layouts import DEFAULT_MAMBA_FULL_MEMORY_RATIO, DEFAULT_SWA_FULL_TOKENS_RATIO, applicable_kinds
 from unikv.sim.models import load_model
 
@@ -21,7 +19,7 @@ class Ratio:
     swa_full_tokens: float = DEFAULT_SWA_FULL_TOKENS_RATIO
     mamba_full_memory: float = DEFAULT_MAMBA_FULL_MEMORY_RATIO
 
-    def scaled(self, factor: float) -> "Ratio":
+    def scaled(self, factor: float) -> Ratio:
         return replace(self, swa_full_tokens=self.swa_full_tokens * factor,
                        mamba_full_memory=self.mamba_full_memory * factor)
 
@@ -39,7 +37,7 @@ def _ratio_columns(ratio) -> dict:
             "static_mamba_full_memory": ratio.mamba_full_memory if "mamba" in ratio.bands else math.nan}
 
 
-def matched_ratio(model: str, oracle_row: dict | pd.Series) -> Optional[Ratio]:
+def matched_ratio(model: str, oracle_row: dict | pd.Series) -> Ratio | None:
     """The static ratio that matches the oracle's time-mean mix of live bytes
     (swa tokens / full tokens; mamba bytes / full bytes), or None for a
     one-band model."""
@@ -59,7 +57,7 @@ def matched_ratio(model: str, oracle_row: dict | pd.Series) -> Optional[Ratio]:
     return out if out.swa_full_tokens > 0 and out.mamba_full_memory > 0 else None
 
 
-def _static_change(ratio: Optional[Ratio]) -> tuple:
+def _static_change(ratio: Ratio | None) -> tuple:
     return () if ratio is None else (("static_ratio", ratio),)
 
 
@@ -67,7 +65,7 @@ def _unified_kind(model: str) -> str:
     return [k for k in applicable_kinds(load_model(model)) if k not in ("static", "oracle")][0]
 
 
-def _default_ratio(model: str) -> Optional[Ratio]:
+def _default_ratio(model: str) -> Ratio | None:
     kinds = load_model(model).kinds
     split = tuple(k for k in kinds if k != "full")
     return Ratio(bands=split) if split and "full" in kinds else None

@@ -7,7 +7,6 @@ from functools import lru_cache
 from pathlib import Path
 
 import pandas as pd
-
 from unikv.sim.run import RunResult
 
 GIB = float(1 << 30)

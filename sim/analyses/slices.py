@@ -5,13 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
-
-from unikv import traces
 from unikv.sim.config import RunConfig
 from unikv.sim.run import RunResult, load_trace, run
+
+from unikv import traces
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,14 +38,14 @@ class TraceSpec:
     """
 
     name: str
-    source: Optional[str] = None
+    source: str | None = None
     start_s: float = 0.0
-    end_s: Optional[float] = 120.0
+    end_s: float | None = 120.0
     rate_scale: float = 1.0
-    rate_rps: Optional[float] = None
-    spread_s: Optional[float] = None
-    max_context_tokens: Optional[int] = None
-    max_requests: Optional[int] = None
+    rate_rps: float | None = None
+    spread_s: float | None = None
+    max_context_tokens: int | None = None
+    max_requests: int | None = None
     seed: int = 0
     prefix_cache: bool = True
 
@@ -54,7 +53,7 @@ class TraceSpec:
     def path(self) -> str:
         return self.source or self.name
 
-    def with_source(self, traces_dir: Optional[Path]) -> "TraceSpec":
+    def with_source(self, traces_dir: Path | None) -> TraceSpec:
         """The same slice read from the full upstream file in `traces_dir`
         (the bundled samples are byte-exact prefixes of those files)."""
         if traces_dir is None or self.path not in traces.samples.names():

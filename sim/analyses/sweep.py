@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import pandas as pd
-
 from unikv.sim.analyses.budgets import _edge, holds_longest
 from unikv.sim.analyses.jobs import Job, run_jobs
 from unikv.sim.analyses.ratios import Ratio, _default_ratio, _static_change, _unified_kind, matched_ratio
@@ -70,7 +69,7 @@ def layout_runs(cases: Sequence[Case], *, sweep: Sequence[float] = SWEEP_FACTORS
     return _with_efficiency(runs)
 
 
-def _default_factor(default: Optional[Ratio], matched: Optional[Ratio]) -> float:
+def _default_factor(default: Ratio | None, matched: Ratio | None) -> float:
     """The default ratio as a multiple of the matched one (one-ratio models)."""
     if default is None or matched is None or len(matched.bands) != 1:
         return math.nan
@@ -79,7 +78,7 @@ def _default_factor(default: Optional[Ratio], matched: Optional[Ratio]) -> float
     return round(default.mamba_full_memory / matched.mamba_full_memory, 6)
 
 
-def feasible_factors(case: Case, ratio: Ratio) -> Optional[tuple[float, float]]:
+def feasible_factors(case: Case, ratio: Ratio) -> tuple[float, float] | None:
     """The interval of multiples of `ratio` whose static split holds the slice's
     longest request (`holds_longest`), found by bisection around the default
     ratio; None when the default itself does not hold it or the model has
@@ -97,7 +96,7 @@ def feasible_factors(case: Case, ratio: Ratio) -> Optional[tuple[float, float]]:
     return _edge(ok, ref, ref / 1e3), _edge(ok, ref, ref * 1e3)
 
 
-def _spread(factors: Sequence[float], bounds: Optional[tuple[float, float]]) -> list[float]:
+def _spread(factors: Sequence[float], bounds: tuple[float, float] | None) -> list[float]:
     """`factors` clamped into `bounds`; when clamping merges points, add points
     SWEEP_STEP apart inward from the clamped end, so the sweep keeps its size."""
     out = sorted({_clamp(f, bounds) for f in factors})
@@ -114,7 +113,7 @@ def _spread(factors: Sequence[float], bounds: Optional[tuple[float, float]]) -> 
     return out
 
 
-def _clamp(factor: float, bounds: Optional[tuple[float, float]]) -> float:
+def _clamp(factor: float, bounds: tuple[float, float] | None) -> float:
     if bounds is not None:
         factor = min(max(factor, bounds[0]), bounds[1])
     return round(factor, 6)
@@ -133,7 +132,7 @@ def _static_points(runs: pd.DataFrame, case: Case) -> pd.DataFrame:
     return mine.sort_values("sweep_factor")
 
 
-def _best_factor(points: pd.DataFrame) -> Optional[float]:
+def _best_factor(points: pd.DataFrame) -> float | None:
     ok = points[points["error"].isna()]
     if ok.empty:
         return None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pandas as pd
-
 from unikv.sim.analyses.rows import GIB
 
 CASE_KEYS = ["trace", "model", "kv_budget_gib", "rate_scale"]

@@ -6,9 +6,7 @@ own bookkeeping where that can be avoided."""
 from __future__ import annotations
 
 import torch
-
 from chain_model import ChainModel
-
 
 # -- the bytes every written slot must read back --
 

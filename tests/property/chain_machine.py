@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Optional
 
+import chain_checks as checks
 import torch
+from chain_model import ChainModel
+from chain_setup import CHAINS, KINDS, fit_layout, ids_tensor, known_core_bug, layouts, make_pool
 from hypothesis import assume
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-
-import chain_checks as checks
-from chain_model import ChainModel
-from chain_setup import CHAINS, KINDS, fit_layout, ids_tensor, known_core_bug, layouts, make_pool
 
 # Reported by conftest: rule steps and examples per machine class, and what
 # the runs reached (pool counters summed over examples, hazard situations,
@@ -93,7 +91,7 @@ class ChainMachine(RuleBasedStateMachine):
         self.shadow = checks.ShadowBytes(pool, self.sizes)
         self.model = ChainModel(self.token_bands, self.state_bands, self.ps)
         self.stamp = 1
-        self.inflight: Optional[Forward] = None
+        self.inflight: Forward | None = None
         self.late: list[str] = []  # violations seen inside event callbacks
 
     # -- helpers --
@@ -177,7 +175,7 @@ class ChainMachine(RuleBasedStateMachine):
         self._op()
         self._extend(data)
 
-    def _extend(self, data, olds: Optional[list[int]] = None) -> Optional[tuple[list[int], list[int]]]:
+    def _extend(self, data, olds: list[int] | None = None) -> tuple[list[int], list[int]] | None:
         """One alloc_extend; the batch's request ids and new token ids, or
         None on a shortfall."""
         if olds is None:
@@ -213,7 +211,7 @@ class ChainMachine(RuleBasedStateMachine):
         self._op()
         self._decode(data)
 
-    def _decode(self, data, rids: Optional[list[int]] = None) -> Optional[list[int]]:
+    def _decode(self, data, rids: list[int] | None = None) -> list[int] | None:
         if rids is None:
             rids = data.draw(st.lists(st.sampled_from(self._reqs(extendable=True)), unique=True,
                                       min_size=1, max_size=6), label="batch")
@@ -740,7 +738,7 @@ class ChainMachine(RuleBasedStateMachine):
             REACHED.update({k: stats[k] for k in _COUNTERS})
 
 
-def machine_for(kind: str, chains=CHAINS, name: Optional[str] = None) -> type:
+def machine_for(kind: str, chains=CHAINS, name: str | None = None) -> type:
     """The state machine for pool `kind` (see `KINDS`), over `chains` (a
     subset of `CHAINS`)."""
     if kind not in KINDS:

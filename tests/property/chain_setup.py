@@ -3,8 +3,6 @@ known core bugs it steps around until they are fixed."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from hypothesis import strategies as st
 
@@ -88,7 +86,7 @@ def fit_layout(kind: str, layout: Layout) -> Layout:
     return grow_until_valid(build, layout.total_bytes, step)
 
 
-def known_core_bug(kind: str, layout: Layout) -> Optional[str]:
+def known_core_bug(kind: str, layout: Layout) -> str | None:
     """The known bug (a `KNOWN_BUGS` key) this set-up trips at once, so the
     machine skips it; None otherwise. No open bug is set-up-wide now (the
     oracle's budget beyond a band's page grid was, until 2bbbfb8 fixed it:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from chain_machine import KINDS, machine_for
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
-
-from chain_machine import KINDS, machine_for
 
 
 @pytest.mark.parametrize("kind", KINDS)

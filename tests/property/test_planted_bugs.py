@@ -12,22 +12,23 @@ can affect; it must raise.
 from __future__ import annotations
 
 import re
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import pytest
+from chain_machine import machine_for
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import HypothesisException
 from hypothesis.stateful import run_state_machine_as_test
 
 import unikv.extent as extent_mod
-from chain_machine import machine_for
+from unikv import UnifiedPool, paged
 from unikv.bands import BandAllocator, EndBand
 from unikv.chain import Chain
 from unikv.extent import float_region
 from unikv.hazards import Hazards
 from unikv.ids import IdSpace
-from unikv import UnifiedPool, paged
 
 # Bounds, not targets: a run stops at its first failure. The hazard plants
 # need an in-flight forward, holes and a non-urgent flush in one step, so

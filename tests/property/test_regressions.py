@@ -13,7 +13,6 @@ from __future__ import annotations
 from unikv import Band, Layout, OraclePool, UnifiedPool
 from unikv.backends import SimBackend
 
-
 # -- OraclePool: the byte budget is larger than a band's page grid --
 
 def oracle_state_layout() -> Layout:

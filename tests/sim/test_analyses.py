@@ -9,10 +9,10 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
-
-from unikv import traces
 from unikv.sim import analyses as an
 from unikv.sim.layouts import StaticRatio, build_layout, check_fits
+
+from unikv import traces
 
 TINY = an.TraceSpec(name="azure_conv", end_s=4.0, rate_scale=2.0, max_requests=8)
 
@@ -100,7 +100,7 @@ def test_budget_floor_is_where_the_longest_request_starts_to_fit():
     floor = an.budget_floor_gib(TINY, "gemma-3-12b")
     df = TINY.load()
     longest = int((df["prompt_tokens"] + df["output_tokens"]).max())
-    for kind, ok in (("static", True), ("end_end", True)):
+    for kind in ("static", "end_end"):
         check_fits(build_layout(an.load_model("gemma-3-12b"), kv_budget_gib=floor, page_size=16, kind=kind),
                    longest, prefill_chunk_tokens=8192)
     with pytest.raises(ValueError):

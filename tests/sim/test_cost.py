@@ -3,7 +3,6 @@
 import dataclasses
 
 import pytest
-
 from unikv.sim.cost import HardwareSpec, step_cost, step_time_s
 from unikv.sim.models import ModelSpec, load_model
 

@@ -5,10 +5,10 @@ takes 1 s (constant cost), so times are step counts.
 """
 
 import torch
-
 from unikv.sim.engine import Simulation
 from unikv.sim.memory import Memory
 from unikv.sim.request import Request
+
 from unikv import Band, Layout, OraclePool, UnifiedPool
 from unikv.backends import SimBackend
 

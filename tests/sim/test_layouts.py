@@ -1,7 +1,6 @@
 """sim.layouts: chains, pools, the static split, worst-case request checks."""
 
 import pytest
-
 from unikv.sim.layouts import (
     LAYOUT_KINDS,
     RequestTooLargeError,
@@ -14,6 +13,7 @@ from unikv.sim.layouts import (
     worst_case_request_bytes,
 )
 from unikv.sim.models import ModelSpec, load_model
+
 from unikv import OraclePool, StaticPartitionPool, UnifiedPool
 
 THREE = ModelSpec(name="three", full_layers=4, swa_layers=12, state_layers=16, window_tokens=512,

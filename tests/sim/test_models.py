@@ -5,7 +5,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from unikv.sim.models import ModelSpec, list_models, load_model, parse_config
 
 SHARED = Path(__file__).resolve().parents[3] / "shared"

@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from unikv.sim.recorder import BAND_COLUMNS, DERIVED_COLUMNS, RAW_COLUMNS, STEP_COLUMNS, Recorder
 
 

@@ -4,13 +4,13 @@ import json
 
 import pandas as pd
 import pytest
-
-from unikv import traces
 from unikv.sim.cli import compare, replay
 from unikv.sim.config import RunConfig
 from unikv.sim.layouts import RequestTooLargeError, build_layout, check_fits
 from unikv.sim.models import load_model
 from unikv.sim.run import load_trace, run, write_run
+
+from unikv import traces
 
 SMALL = dict(trace="azure_conv", trace_end_s=20.0, model="gpt-oss-20b", kv_budget_gib=1.0, check_every=25)
 
@@ -257,6 +257,7 @@ def test_a_three_kind_model_runs_on_every_layout_it_has(layout):
 def test_meta_tokens_are_one_shared_copy_held_for_the_run():
     """128 meta tokens at page size 16: 8 pages on every token band, once."""
     from unikv.sim.memory import Memory
+
     from unikv.backends import SimBackend
 
     model = load_model("hymba-1.5b-base")

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from unikv.traces import load
 from unikv.traces.cli import main
 

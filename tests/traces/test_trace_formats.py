@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from unikv.traces import formats
 from unikv.traces.readers import peek
 from unikv.traces.schema import TraceFormatError

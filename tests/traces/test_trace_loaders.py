@@ -6,7 +6,6 @@ import warnings
 
 import numpy as np
 import pytest
-
 from unikv.traces import TraceFormatError, TraceWarning, load, validate
 
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from unikv.traces.formats import FORMATS
 from unikv.traces.normalize import (
     _hash_list,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from unikv.traces.readers import peek, read_csv, read_jsonl
 from unikv.traces.schema import TraceFormatError
 

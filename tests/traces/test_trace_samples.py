@@ -6,7 +6,6 @@ import hashlib
 import warnings
 
 import pytest
-
 from unikv.traces import TraceFormatError, load, load_sample, samples, validate
 from unikv.traces.samples.build import CUTS
 from unikv.traces.stats import summarize

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from unikv.traces import TraceMeta, make_frame
 from unikv.traces.stats import format_summary, length_stats, prefix_hit_ratio, summarize
 

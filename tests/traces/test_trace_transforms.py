@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-
 from unikv.traces import TraceFormatError, TraceMeta, make_frame, validate
 from unikv.traces.transforms import (
     clip_to_context,

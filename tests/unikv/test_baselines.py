@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from factories import fill, full_swa, pool, read, three_band
+
 from unikv import OraclePool, StaticPartitionPool
 from unikv.backends import SimBackend
 

@@ -1,8 +1,8 @@
 """END bands: watermarks, eager compaction, lazy holes / flush / hazards."""
 
 import torch
-
 from factories import fill, full_swa, one_band, pool, read
+
 from unikv.backends import SimEvent
 
 

@@ -15,8 +15,8 @@ import random
 
 import numpy as np
 import pytest
-
 from factories import full_swa
+
 from unikv import Band, Layout, UnifiedPool
 from unikv.backends import SimBackend
 from unikv.backends.sim import SimEvent

@@ -1,7 +1,15 @@
 """The pure band arithmetic, on hand-built chains."""
 
 from unikv.extent import (
-    Extent, Kind, absorb_plan, bound_above, bound_below, chain_gap_bytes, joint_pages, room_plan, take,
+    Extent,
+    Kind,
+    absorb_plan,
+    bound_above,
+    bound_below,
+    chain_gap_bytes,
+    joint_pages,
+    room_plan,
+    take,
 )
 from unikv.layout import Side
 

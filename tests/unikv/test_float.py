@@ -6,8 +6,8 @@ full 5..49 (200 B); buffer 10,000 B, sink 1,000 B.
 
 import pytest
 import torch
-
 from factories import fill, pool, read, three_band
+
 from unikv import Side
 
 

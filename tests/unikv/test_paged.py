@@ -94,10 +94,10 @@ def test_small_batch_paths_accept_and_reject_like_the_vector_paths(ps, monkeypat
         total = int((grown - prefix).sum()) + rng.choice([0, 0, 0, 1])
         given = rng.choice([None, total])
 
-        def run():
-            decode = _outcome(lambda: paged.decode_request(p, seq, last))
-            pages = _outcome(lambda: p._live_token_pages(ids, "release", allow_sink=True).tolist())
-            extend = _outcome(lambda: paged.extend_request(p, prefix, grown, last, given))
+        def run():  # each lambda below is called at once, inside the loop
+            decode = _outcome(lambda: paged.decode_request(p, seq, last))  # noqa: B023
+            pages = _outcome(lambda: p._live_token_pages(ids, "release", allow_sink=True).tolist())  # noqa: B023
+            extend = _outcome(lambda: paged.extend_request(p, prefix, grown, last, given))  # noqa: B023
             if not isinstance(decode, str):
                 decode = (decode.new_pages, decode.total_tokens, decode.opens.tolist(),
                           decode.prefix.tolist())

@@ -1,8 +1,8 @@
 """The shortfall ladder and the float relocation policy, end to end."""
 
 import torch
-
 from factories import fill, full_swa, mamba_full, pool, read, three_band
+
 from unikv.policy import flush_targets
 
 

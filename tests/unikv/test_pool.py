@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
-
 from factories import fill, full_swa, mamba_full, one_band, pool, same, snapshot, three_band
+
 from unikv import Band, Layout, UnifiedPool
 from unikv.backends import SimBackend, SimEvent
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from unikv.extent import relocated, room_extent, room_plan, Extent, Kind
+from unikv.extent import Extent, Kind, relocated, room_extent, room_plan
 from unikv.layout import Side
 
 
@@ -44,7 +44,8 @@ def test_slide_fits_agrees_with_slide_plan_on_churned_pools(seed):
     counted slide check and the built slide plan agree for every demand."""
     import numpy as np
 
-    from tests.unikv.factories import pool as make_pool, three_band
+    from tests.unikv.factories import pool as make_pool
+    from tests.unikv.factories import three_band
     from unikv.extent import demand_fits
     from unikv.policy import slide_plan, slide_request
 

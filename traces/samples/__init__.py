@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-
 from unikv.traces.schema import TraceFormatError, meta_of, with_meta
 
 DIR = Path(__file__).resolve().parent

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ class Backend(Protocol):
     materialized: bool  # True when `make_buffer` returns real bytes
     shares_host_memory: bool  # True when `mirror` returns the host array itself
 
-    def make_buffer(self, total_bytes: int) -> Optional[torch.Tensor]:
+    def make_buffer(self, total_bytes: int) -> torch.Tensor | None:
         """A uint8 tensor of `total_bytes`, or None for byte accounting only."""
 
     def mirror(self, host: np.ndarray) -> torch.Tensor:
@@ -34,7 +34,7 @@ class Backend(Protocol):
         """Host int64 values as a device tensor (asynchronous)."""
 
     def move_pages(self, buffer, page_bytes: int, src: np.ndarray, dst: np.ndarray,
-                   disjoint: Optional[bool] = None) -> None:
+                   disjoint: bool | None = None) -> None:
         """Copy page rows src -> dst as if all sources were read first;
         `disjoint` (known on the host) spares an overlap check."""
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -70,7 +70,7 @@ class CudaBackend:
     materialized = True
     shares_host_memory = False
 
-    def __init__(self, device: str | torch.device = "cuda", stream: Optional[Any] = None) -> None:
+    def __init__(self, device: str | torch.device = "cuda", stream: Any | None = None) -> None:
         dev = torch.device(device)
         if dev.type not in ("cuda", "cpu"):
             raise ValueError(f"CudaBackend: device={device!r} must be a CUDA device or 'cpu'")
@@ -165,7 +165,7 @@ class CudaBackend:
     # -- kernels --
 
     def move_pages(self, buffer, page_bytes: int, src: np.ndarray, dst: np.ndarray,
-                   disjoint: Optional[bool] = None) -> None:
+                   disjoint: bool | None = None) -> None:
         """Copy page rows `src -> dst` (see `triton_move.move_pages`); the
         page lists travel in one upload, and an overlapping move is planned
         from the host lists (no device read)."""

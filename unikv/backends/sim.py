@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -74,7 +74,7 @@ class SimBackend:
     def __repr__(self) -> str:
         return f"SimBackend(materialize={self.materialized})"
 
-    def make_buffer(self, total_bytes: int) -> Optional[torch.Tensor]:
+    def make_buffer(self, total_bytes: int) -> torch.Tensor | None:
         if not self.materialized:
             return None
         return torch.zeros(total_bytes, dtype=torch.uint8)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,14 +27,14 @@ class BandContext:
     """What a band receives from the pool that builds it."""
 
     backend: object
-    buffer: Optional[torch.Tensor]
+    buffer: torch.Tensor | None
     epoch: Epoch
     hazards: Hazards
-    chain: "Chain"
+    chain: Chain
     tables: PageTables  # the pool's table arena; this band's tables are named after it
     lazy: bool  # END bands: lazy (True) or eager (False) compaction
     move_cap: int  # most survivor moves one non-urgent flush makes
-    regions: Optional[dict] = None  # static split: band name -> (low, high) pages
+    regions: dict | None = None  # static split: band name -> (low, high) pages
 
 
 class BandAllocator:
@@ -75,7 +76,7 @@ class BandAllocator:
     def extent(self) -> Extent:
         raise NotImplementedError
 
-    def take(self, n: int) -> Optional[np.ndarray]:
+    def take(self, n: int) -> np.ndarray | None:
         """Physical pages for `n` new live pages, or None (state unchanged):
         the holes the chain arithmetic drains, then the fresh frontier pages."""
         chain = self.chain_extents()

@@ -7,15 +7,12 @@ keeps that range dense at every free; lazy compaction lets frees leave holes
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
 from unikv.bands.base import EMPTY, BandAllocator
 from unikv.extent import Extent, Kind, new_extent
 from unikv.hazards import Tracked
 from unikv.layout import Grow
-
 
 VECTOR_PACK = 48  # hole lists this long are paired in numpy (`_plan_pack_vector`)
 
@@ -47,7 +44,7 @@ class EndBand(BandAllocator):
         # frontier (allocs drain holes by slicing the array and extend with
         # live pages), so a flush needs no second sort and absorb
         # (`_absorb_holes`).
-        self._absorbed: tuple[np.ndarray, np.ndarray, Optional[list[int]]] = (EMPTY, EMPTY, [])
+        self._absorbed: tuple[np.ndarray, np.ndarray, list[int] | None] = (EMPTY, EMPTY, [])
 
     def _reset_frontier(self) -> None:
         self.watermark = self.geom.min_page if self.up else self.geom.num_pages
@@ -235,7 +232,7 @@ class EndBand(BandAllocator):
             self.watermark = wm
         return rest
 
-    def _keep(self, holes: Optional[list[int]], stored: Optional[np.ndarray] = None) -> list[int]:
+    def _keep(self, holes: list[int] | None, stored: np.ndarray | None = None) -> list[int]:
         """Make `holes` (ascending) the hole list, deepest first; return it.
         `stored`: that list as an array already (a view is fine); `holes`
         may then be None, for `_ascending` to build on demand."""
@@ -246,7 +243,7 @@ class EndBand(BandAllocator):
         self._absorbed = (stored, owner, holes)
         return holes
 
-    def _plan_pack(self, holes: list[int], cap: Optional[int], urgent: bool):
+    def _plan_pack(self, holes: list[int], cap: int | None, urgent: bool):
         """Pair the outermost survivors with the deepest holes (`holes`
         ascending, as the last absorb left them) until the two walks cross
         (the band is then dense below its frontier).
@@ -288,7 +285,7 @@ class EndBand(BandAllocator):
             p += step
         return srcs, dsts
 
-    def _plan_pack_vector(self, holes: list[int], cap: Optional[int], urgent: bool):
+    def _plan_pack_vector(self, holes: list[int], cap: int | None, urgent: bool):
         """`_plan_pack` in numpy, for long hole lists: the j-th survivor from
         the frontier pairs with the j-th deepest hole while it lies beyond
         it (survivors fall, holes rise, so the pairs that do form a prefix);

@@ -11,8 +11,6 @@ straight through it.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
 from unikv.bands.base import EMPTY, BandAllocator
@@ -88,7 +86,7 @@ class FloatBand(BandAllocator):
         self.counters.absorbed_pages += freed
         return freed
 
-    def plan_absorb(self) -> Optional[Relocation]:
+    def plan_absorb(self) -> Relocation | None:
         """The span an absorb would leave (nothing changes), or None when
         it would free nothing."""
         if self._park_if_empty() or not self.dirty:
@@ -125,7 +123,7 @@ class FloatBand(BandAllocator):
         return self.gap_bytes(side)
 
     def plan_room(self, side: Side, min_bytes: int, keep_far_bytes: int = 0,
-                  chain: Optional[list] = None) -> Optional[Relocation]:
+                  chain: list | None = None) -> Relocation | None:
         """Where `make_room` would put the span (nothing changes): see
         `extent.room_plan`; `keep_far_bytes` of the far gap stay free when
         the boundary pages can go elsewhere. None when the free pages

@@ -11,8 +11,6 @@ tensors. Otherwise (CPU tensors, compiled Triton) it runs the torch reference.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 
@@ -67,7 +65,7 @@ def fast_ok(*tensors) -> bool:
     return True
 
 
-def check_tensor(t, name: str, op: str, dtype: torch.dtype = torch.int64, dim: Optional[int] = 1) -> None:
+def check_tensor(t, name: str, op: str, dtype: torch.dtype = torch.int64, dim: int | None = 1) -> None:
     """ValueError naming `op` and `name` unless `t` is a tensor of `dtype`
     (and `dim` dimensions when given)."""
     if not isinstance(t, torch.Tensor):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
@@ -128,7 +127,7 @@ def copy_rows(src_flat: torch.Tensor, src_rows: torch.Tensor, dst_flat: torch.Te
 
 
 def move_pages(buffer: torch.Tensor, page_bytes: int, src: torch.Tensor, dst: torch.Tensor, *,
-               disjoint: Optional[bool] = None, host_pages: Optional[tuple] = None,
+               disjoint: bool | None = None, host_pages: tuple | None = None,
                stage_bytes: int = STAGE_BYTES,
                tile_bytes: int = TILE_BYTES, num_warps: int = NUM_WARPS, streaming: bool = STREAMING) -> None:
     """Copy page rows `src[i] -> dst[i]` on the grid of `page_bytes` pages.

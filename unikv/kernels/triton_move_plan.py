@@ -23,8 +23,8 @@ Pure numpy / Python: no torch, no device.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -14,8 +14,6 @@ when the caller passes `total_tokens` to `paged_extend`.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 import triton.language as tl
@@ -141,7 +139,7 @@ def paged_decode(seq_lens: torch.Tensor, last_loc: torch.Tensor, new_pages: torc
 
 
 def paged_extend(prefix_lens: torch.Tensor, seq_lens: torch.Tensor, last_loc: torch.Tensor,
-                 new_pages: torch.Tensor, page_size: int, total_tokens: Optional[int] = None) -> torch.Tensor:
+                 new_pages: torch.Tensor, page_size: int, total_tokens: int | None = None) -> torch.Tensor:
     """Virtual token ids for positions `[prefix, seq)` of every request,
     request-major (see `reference.paged_extend`).
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import random
-from typing import Optional
 
 import torch
 
@@ -33,6 +32,7 @@ from unikv.testing.checks import Checks
 from unikv.testing.model import Forward, Request
 from unikv.testing.patterns import _same, pattern_rows
 from unikv.testing.random_ops import DEFAULT_WEIGHTS, RandomOps
+
 
 class Driver(RandomOps, Checks):
     """Random operations against `pool`, with a model to check it against.
@@ -60,9 +60,9 @@ class Driver(RandomOps, Checks):
         forward_delay: most ops a launched forward runs before it fires.
     """
 
-    def __init__(self, pool, rng: random.Random, *, window_tokens: Optional[int] = None,
-                 window_band: Optional[str] = None, max_batch: int = 8,
-                 max_new_tokens: Optional[int] = None, weights: Optional[dict] = None,
+    def __init__(self, pool, rng: random.Random, *, window_tokens: int | None = None,
+                 window_band: str | None = None, max_batch: int = 8,
+                 max_new_tokens: int | None = None, weights: dict | None = None,
                  check_overlap: bool = True, forward_delay: int = 4) -> None:
         self.pool = pool
         self.rng = rng
@@ -93,8 +93,8 @@ class Driver(RandomOps, Checks):
         self.stamp = 1
         self.ops = 0
         # The last decode / extend: (request id of each new token, token ids).
-        self.last_batch: Optional[tuple[list[int], list[int]]] = None
-        self.inflight: Optional[Forward] = None
+        self.last_batch: tuple[list[int], list[int]] | None = None
+        self.inflight: Forward | None = None
         self.pending_violations: list[str] = []
         self.counts: collections.Counter = collections.Counter()
         self.history: collections.deque = collections.deque(maxlen=40)
@@ -171,7 +171,7 @@ class Driver(RandomOps, Checks):
 
     # -- engine actions (deterministic; None means the pool fell short) --
 
-    def extend(self, rids: list[int], adds: list[int], new_lengths: list[int] = ()) -> Optional[list[int]]:
+    def extend(self, rids: list[int], adds: list[int], new_lengths: list[int] = ()) -> list[int] | None:
         """One `alloc_extend`: request `rids[i]` gains `adds[i]` tokens (tail
         page reused) and a new request (prefix 0, one state slot per state
         band) is admitted per `new_lengths`. Returns the batch's request ids."""
@@ -202,7 +202,7 @@ class Driver(RandomOps, Checks):
         self.log("extend", list(zip(batch, prefix, seq)))
         return batch
 
-    def admit_alloc(self, n: int) -> Optional[int]:
+    def admit_alloc(self, n: int) -> int | None:
         """A new request of `n` tokens (a multiple of page_size) by plain `alloc`."""
         states = self.alloc_states(1)
         if states is None:
@@ -217,7 +217,7 @@ class Driver(RandomOps, Checks):
         self.log("alloc", rid, n)
         return rid
 
-    def decode(self, rids: list[int]) -> Optional[bool]:
+    def decode(self, rids: list[int]) -> bool | None:
         """One `alloc_decode` token for each request of `rids`."""
         reqs = [self.reqs[r] for r in rids]
         out = self.pool.alloc_decode([len(r.tokens) + 1 for r in reqs], [r.tokens[-1] for r in reqs])
@@ -268,7 +268,7 @@ class Driver(RandomOps, Checks):
         self.free_states([r.states])
         self.log("free", rid, len(r.tokens))
 
-    def alloc_states(self, count: int) -> Optional[list[dict[str, int]]]:
+    def alloc_states(self, count: int) -> list[dict[str, int]] | None:
         """One slot on every state band for each of `count` requests."""
         if count == 0 or not self.state_bands:
             return [{} for _ in range(count)]
@@ -290,7 +290,7 @@ class Driver(RandomOps, Checks):
                 self.pool.free_state(band, [s])
                 self.live[band][s] = False
 
-    def alloc_orphans(self, band: str, k: int) -> Optional[list[int]]:
+    def alloc_orphans(self, band: str, k: int) -> list[int] | None:
         """`k` state slots no request owns (e.g. cached prefix snapshots)."""
         ids = self.pool.alloc_state(band, k)
         if ids is None:
@@ -333,7 +333,7 @@ class Driver(RandomOps, Checks):
         self.last_batch = None
         self.log("clear")
 
-    def probe_available(self, keep: bool = False) -> Optional[int]:
+    def probe_available(self, keep: bool = False) -> int | None:
         """Alloc exactly `available_size()` tokens: it must fit and move no
         page. Frees it again unless `keep`. Returns the request id."""
         n = self.pool.available_size()
@@ -355,7 +355,7 @@ class Driver(RandomOps, Checks):
             self.free_request(rid)
         return rid
 
-    def probe_state(self, band: str, keep: bool = False) -> Optional[list[int]]:
+    def probe_state(self, band: str, keep: bool = False) -> list[int] | None:
         """Alloc exactly `available_state(band)` slots: it must fit and move
         no page. Frees them again unless `keep`."""
         n = self.pool.available_state(band)
@@ -377,7 +377,7 @@ class Driver(RandomOps, Checks):
 
     # -- forwards --
 
-    def launch(self, rids: Optional[list[int]] = None, write_ids: Optional[list[int]] = None) -> Optional[Forward]:
+    def launch(self, rids: list[int] | None = None, write_ids: list[int] | None = None) -> Forward | None:
         """Declare a forward: it reads every live slot of `rids` and writes
         `write_ids` (default: the last decode / extend batch and the ids it
         allocated). A forward still running is finished first."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-
 @dataclass
 class Request:
     """The engine's view of one request.

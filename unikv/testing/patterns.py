@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from unikv.layout import Band, Layout, Unit
@@ -29,7 +27,7 @@ ENTRY_BYTES = {"full": 700, "swa": 300, "mamba": 5000}  # no one a multiple of a
 
 
 def make_layout(chain: str, page_size: int, tokens: int, states: int = 8,
-                entry_bytes: Optional[dict] = None) -> Layout:
+                entry_bytes: dict | None = None) -> Layout:
     """A small layout for soak and property tests.
 
     Args:

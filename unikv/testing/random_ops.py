@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 DEFAULT_WEIGHTS = {
     "new": 10.0,  # admit 1-3 requests through alloc_extend (prefix 0)
