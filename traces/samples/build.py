@@ -1,7 +1,8 @@
 """Regenerate the bundled samples and ``stats.json`` from the full traces.
 
-Usage: ``python -m unikv.traces.samples.build [SOURCE_DIR]`` (default:
-``../shared/traces`` beside the repository). Each sample is the source's
+Usage: ``python -m unikv.traces.samples.build SOURCE_DIR``, a folder holding
+the full public trace files (named as in ``README.md`` beside this file) and
+their ``manifest.json``. Each sample is the source's
 first bytes: the header line (CSV) and the first N data lines, where N is
 either fixed or the number of rows arriving within the first T seconds.
 """
@@ -18,9 +19,6 @@ from typing import Any
 from unikv.traces.loaders import load
 from unikv.traces.samples import DIR, STATS_FILE
 from unikv.traces.stats import summarize
-
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_SOURCE = REPO.parent / "shared" / "traces"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -105,14 +103,21 @@ def build_one(cut: Cut, src_dir: Path, manifest: dict[str, Any]) -> dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Rebuild every sample from ``argv[0]`` (or the default source folder)."""
+    """Rebuild every sample from the source folder ``argv[0]``."""
     argv = sys.argv[1:] if argv is None else argv
-    src_dir = Path(argv[0]) if argv else DEFAULT_SOURCE
+    if len(argv) != 1:
+        print("usage: python -m unikv.traces.samples.build SOURCE_DIR", file=sys.stderr)
+        return 2
+    src_dir = Path(argv[0])
+    if not (src_dir / "manifest.json").is_file():
+        print(f"error: {src_dir} holds no manifest.json (the full traces' folder)", file=sys.stderr)
+        return 2
     manifest = {f["file"]: f for f in json.loads((src_dir / "manifest.json").read_text())["files"]}
     samples = {cut.name: build_one(cut, src_dir, manifest) for cut in CUTS}
     doc = {
-        "description": "Bundled trace samples: byte prefixes of the files in shared/traces. "
-        "Rebuild with `python -m unikv.traces.samples.build`. Stats computed by traces.stats.summarize.",
+        "description": "Bundled trace samples: byte prefixes of the public trace files. "
+        "Rebuild with `python -m unikv.traces.samples.build SOURCE_DIR`. "
+        "Stats computed by unikv.traces.stats.summarize.",
         "samples": samples,
     }
     STATS_FILE.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
