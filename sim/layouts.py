@@ -89,7 +89,7 @@ class LayoutPlan:
         """The bands low byte -> high byte, e.g. "mamba(up) | swa(float) | full(down)"."""
         return " | ".join(f"{b.name}({b.grow.value})" for b in self.layout.bands)
 
-    def make_pool(self, backend=None, compaction: str = "lazy", ids: str = "torch"):
+    def make_pool(self, backend=None, compaction: str = "lazy", ids: str | None = None):
         """A fresh pool for this plan (compaction applies to UnifiedPool
         only; `ids`: what its allocs return, see `UnifiedPool`)."""
         if self.kind == "static":

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import torch
 from unikv.sim.prefix_cache import Node, PrefixCache
 from unikv.sim.request import Request
 
@@ -86,7 +85,7 @@ class Memory:
 
     # -- eviction --
 
-    def with_eviction(self, attempt: Callable[[], torch.Tensor | None]):
+    def with_eviction(self, attempt: Callable[[], np.ndarray | None]):
         """`attempt()`, evicting cached blocks between tries until it works
         or nothing is left to evict (then None)."""
         out = attempt()
@@ -195,9 +194,9 @@ class Memory:
 
     def _append(self, req: Request, start: int, ids) -> None:
         """Record the fresh pages among the new token ids at positions start...
-        (`ids`: the pool's answer, a CPU tensor or a numpy array)."""
-        if isinstance(ids, torch.Tensor):
-            ids = ids.numpy()
+        (`ids`: the pool's answer, a numpy array or a CPU tensor)."""
+        if not isinstance(ids, np.ndarray):
+            ids = np.asarray(ids)  # a CPU tensor: a zero-copy view
         first_new = -(-start // self.ps)  # page index of the first fresh page
         offset = first_new * self.ps - start
         if offset < len(ids):

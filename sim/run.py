@@ -7,6 +7,7 @@ import gc
 import json
 import math
 import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -14,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-import torch
 from unikv.sim import cost as cost_model
 from unikv.sim.config import TRACE_FIELDS, RunConfig
 from unikv.sim.engine import Simulation
@@ -65,7 +65,18 @@ def gc_paused():
 
 @contextlib.contextmanager
 def torch_threads(n: int):
-    """Small-tensor work runs fastest on one intra-op thread; restore after."""
+    """Pin torch to `n` intra-op threads for a replay, then restore them.
+
+    Nothing in the replay path uses torch (the sim backend and its numpy
+    ids); a process that imported torch anyway (a test, a notebook, the
+    real executor) keeps one intra-op thread during the replay as before,
+    where small-tensor work runs fastest. Torch is never imported here:
+    when the process has not imported it, there is nothing to pin.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:

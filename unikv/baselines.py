@@ -28,7 +28,7 @@ class StaticPartitionPool(UnifiedPool):
     band_classes = {"region": RegionBand}
 
     def __init__(self, layout: Layout, backend=None, fractions: Mapping[str, float] | None = None,
-                 ids: str = "torch", **_ignored) -> None:
+                 ids: str | None = None, **_ignored) -> None:
         if not isinstance(layout, Layout):
             raise ValueError(f"layout={layout!r} must be a unikv.Layout")
         self.fractions = self._check_fractions(layout, fractions)
@@ -84,7 +84,7 @@ class OraclePool(UnifiedPool):
 
     band_classes = {"budget": BudgetBand}
 
-    def __init__(self, layout: Layout, backend=None, ids: str = "torch", **_ignored) -> None:
+    def __init__(self, layout: Layout, backend=None, ids: str | None = None, **_ignored) -> None:
         if backend is not None and getattr(backend, "materialized", False):
             raise ValueError("OraclePool has no byte layout; use a backend with materialize=False")
         super().__init__(layout, backend, ids=ids)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-import torch
+import numpy as np
 
 from unikv.backends.sim import SimBackend
 from unikv.layout import Band, Layout
@@ -43,14 +43,14 @@ def run_demo(compaction: str = "lazy", steps: int = 200, seed: int = 0, window: 
         reqs.append([pool.alloc(n), pool.alloc_state("mamba", 1)])
     _print_occupancy(pool, "after prefill of 8 requests")
     for step in range(steps):
-        seq = torch.tensor([len(r[0]) + 1 for r in reqs])
-        last = torch.stack([r[0][-1] for r in reqs])
+        seq = np.array([len(r[0]) + 1 for r in reqs], dtype=np.int64)
+        last = np.array([r[0][-1] for r in reqs], dtype=np.int64)
         new = pool.alloc_decode(seq, last)
         if new is None:
             print(f"step {step}: out of memory")
             break
         for r, t in zip(reqs, new):
-            r[0] = torch.cat([r[0], t.view(1)])
+            r[0] = np.append(r[0], t)
             out = len(r[0]) - window
             if out > 0 and out % ps == 0:  # a whole page left the window
                 pool.release(r[0][out - ps:out], "swa", start_pos=out - ps)

@@ -5,14 +5,22 @@ reads the ids callers pass back on the host. A CPU tensor, a numpy array or
 a list costs no device round trip; a device tensor is read back (one
 device-to-host copy), so engines that want a sync-free step keep their
 virtual ids on the host.
+
+Torch is optional: a tensor can only reach these checks once its caller
+imported torch, so they look for `torch.Tensor` only then (`loaded_torch`)
+and never import torch themselves.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 SMALL = 4  # up to this many ids, per-id Python steps are cheaper than numpy calls
 
@@ -100,6 +108,33 @@ class IdSpace:
         return out
 
 
+def loaded_torch():
+    """The torch module if this process already imported it, else None (a
+    value of any other type cannot be a tensor then)."""
+    return sys.modules.get("torch")
+
+
+def is_tensor(value) -> bool:
+    """Whether `value` is a torch tensor, without importing torch."""
+    torch = loaded_torch()
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def require_torch(what: str):
+    """Import and return torch for `what`, which asked for tensors.
+
+    Raises:
+        ImportError: torch is not installed; names the extra that brings it
+            and the numpy alternative.
+    """
+    try:
+        import torch
+    except ImportError:
+        raise ImportError(f"{what} needs torch, which is not installed: "
+                          "pip install 'unikv[torch]', or pass ids='numpy'") from None
+    return torch
+
+
 def as_ids(values, what: str) -> np.ndarray:
     """`values` (tensor, array, sequence or int) as a 1-D int64 host array.
 
@@ -108,7 +143,8 @@ def as_ids(values, what: str) -> np.ndarray:
     """
     if type(values) is np.ndarray and values.dtype == np.int64 and values.ndim == 1:
         return values  # the hot path: the engine's own host arrays
-    if isinstance(values, torch.Tensor):
+    torch = loaded_torch()
+    if torch is not None and isinstance(values, torch.Tensor):
         if values.dtype == torch.int64 and values.dim() == 1 and values.device.type == "cpu":
             return values.numpy()
         dtype = values.dtype
@@ -144,10 +180,7 @@ def check_range(ids: np.ndarray, low: int, high: int, what: str) -> None:
 
 def check_count(n, what: str, multiple: int = 1) -> int:
     """A non-negative int that is a multiple of `multiple`."""
-    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) and not (
-        isinstance(n, torch.Tensor) and n.dim() == 0 and not n.dtype.is_floating_point
-        and n.dtype != torch.bool
-    ):
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) and not _int_scalar_tensor(n):
         raise ValueError(f"{what}={n!r} must be an integer")
     n = int(n)
     if n < 0:
@@ -155,6 +188,13 @@ def check_count(n, what: str, multiple: int = 1) -> int:
     if n % multiple:
         raise ValueError(f"{what}={n} must be a multiple of page_size={multiple}")
     return n
+
+
+def _int_scalar_tensor(n) -> bool:
+    """Whether `n` is a 0-d integer torch tensor (torch never imported here)."""
+    torch = loaded_torch()
+    return (torch is not None and isinstance(n, torch.Tensor) and n.dim() == 0
+            and not n.dtype.is_floating_point and not n.dtype.is_complex and n.dtype != torch.bool)
 
 
 def few(values: Sequence[int] | np.ndarray | torch.Tensor, k: int = 8) -> str:

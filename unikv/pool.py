@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from unikv import paged, samples, views
 from unikv.backends.sim import SimBackend
@@ -15,11 +14,14 @@ from unikv.bands import UNIFIED_BANDS, BandContext
 from unikv.chain import Chain
 from unikv.extent import Kind, take_all
 from unikv.hazards import Epoch, Hazards
-from unikv.ids import IdSpace, as_ids, check_count, check_range, few
+from unikv.ids import IdSpace, as_ids, check_count, check_range, few, loaded_torch, require_torch
 from unikv.layout import Layout, Side, Unit
 from unikv.policy import flush_chain, ladder_joint_pages, relieve
 from unikv.stats import Stats
 from unikv.tables import PageTables
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Compaction(enum.Enum):
@@ -39,8 +41,8 @@ class UnifiedPool:
     not fit returns None and leaves eviction to the caller.
 
     Every decision is made on the host: virtual ids are host data (ids are
-    returned as CPU int64 tensors, or numpy arrays with `ids="numpy"`, and
-    ids passed in as CPU tensors, numpy arrays or lists cost no device
+    returned as int64 host arrays of the kind `ids` names, and ids passed
+    in as CPU tensors, numpy arrays or lists cost no device
     round trip), the page tables' truth is a
     host arena, and the backend mirrors it on its device. The device tables
     are brought up to date by `commit()`, which `translate` and
@@ -54,25 +56,34 @@ class UnifiedPool:
         compaction: "lazy" or "eager" for END bands (floats are always
             holes-first).
         move_cap: most survivor moves one non-urgent flush makes per band.
-        ids: what allocs return: "torch" (CPU int64 tensors, the default)
-            or "numpy" (int64 arrays: no tensor wrapper per call, for a
-            host-only caller such as the simulator).
+        ids: the host arrays the pool hands out (alloc ids; on a backend
+            whose device is the host, also `translate`, `page_table` and
+            `buffer_view`): "numpy" (int64 / uint8 arrays) or "torch" (CPU
+            tensors sharing the same memory, `torch.from_numpy`). None (the
+            default) takes the backend's `native_ids`: "numpy" on
+            `SimBackend`, "torch" on `CudaBackend`.
+    Raises:
+        ValueError: for a bad argument, named.
+        ImportError: `ids="torch"` (asked for, or the backend's native
+            kind) without torch installed.
     """
 
     band_classes: Mapping = UNIFIED_BANDS
 
     def __init__(self, layout: Layout, backend=None, compaction: str | Compaction = "lazy",
-                 move_cap: int = 4096, ids: str = "torch") -> None:
+                 move_cap: int = 4096, ids: str | None = None) -> None:
         if not isinstance(layout, Layout):
             raise ValueError(f"layout={layout!r} must be a unikv.Layout")
-        self._out = _id_wrapper(ids)
+        backend = backend if backend is not None else SimBackend()
+        self.ids = backend.native_ids if ids is None else ids
+        self._out = _id_wrapper(self.ids)
         try:
             self.compaction = Compaction(compaction)
         except ValueError:
             raise ValueError(f"compaction={compaction!r} must be 'lazy' or 'eager'") from None
         check_count(move_cap, "move_cap")
         self.layout = layout
-        self.backend = backend if backend is not None else SimBackend()
+        self.backend = backend
         self.page_size = layout.page_size
         self.epoch = Epoch()
         self.hazards = Hazards(self.backend)
@@ -168,7 +179,7 @@ class UnifiedPool:
 
     # -- token surface --
 
-    def alloc(self, n: int) -> torch.Tensor | None:
+    def alloc(self, n: int) -> np.ndarray | torch.Tensor | None:
         """`n` virtual token ids (n a multiple of page_size), page-structured,
         bound on every token band; None on shortfall (nothing allocated)."""
         self._require_tokens()
@@ -179,7 +190,7 @@ class UnifiedPool:
         offsets = np.arange(self.page_size, dtype=np.int64)
         return self._out((pages[:, None] * self.page_size + offsets).reshape(-1))
 
-    def alloc_extend(self, prefix_lens, seq_lens, last_loc, extend_num_tokens=None) -> torch.Tensor | None:
+    def alloc_extend(self, prefix_lens, seq_lens, last_loc, extend_num_tokens=None) -> np.ndarray | torch.Tensor | None:
         """Tokens `[prefix, seq)` of each request with tail-page reuse.
 
         Args:
@@ -188,7 +199,7 @@ class UnifiedPool:
                 (read only where the prefix ends inside a page).
             extend_num_tokens: sum(seq - prefix), checked when given.
         Returns:
-            int64 [sum(seq - prefix)] virtual token ids (CPU), request-major,
+            int64 [sum(seq - prefix)] virtual token ids (host), request-major,
             or None on shortfall (nothing allocated).
         """
         self._require_tokens()
@@ -198,7 +209,7 @@ class UnifiedPool:
             return None
         return self._out(paged.extend_ids(req, new_pages, self.page_size))
 
-    def alloc_decode(self, seq_lens, last_loc) -> torch.Tensor | None:
+    def alloc_decode(self, seq_lens, last_loc) -> np.ndarray | torch.Tensor | None:
         """One token per request at position `seq - 1` (seq includes it)."""
         self._require_tokens()
         seq = as_ids(seq_lens, "alloc_decode: seq_lens")
@@ -329,7 +340,7 @@ class UnifiedPool:
 
     # -- state surface --
 
-    def alloc_state(self, band: str, n: int) -> torch.Tensor | None:
+    def alloc_state(self, band: str, n: int) -> np.ndarray | torch.Tensor | None:
         """`n` state slot ids of request band `band`, or None on shortfall."""
         b = self._state_band(band)
         n = check_count(n, "alloc_state: n")
@@ -363,9 +374,9 @@ class UnifiedPool:
 
     # -- translation and hazards --
 
-    def translate(self, ids, band: str, kernel: bool = False) -> torch.Tensor:
+    def translate(self, ids, band: str, kernel: bool = False):
         """Physical slot ids of token (or state) ids on `band`, on the
-        backend's device.
+        backend's device (on a host device, of the kind `ids` names).
 
         `kernel=True` gives kernel-facing ids (page index scaled by
         `page_size * blocks_per_page`). Tombstoned and unbound ids -> 0, the
@@ -380,7 +391,8 @@ class UnifiedPool:
         ps = 1 if state else self.page_size
         high = self.state_ids[band].size if state else self.vids.size * ps
         what = "translate: state ids" if state else "translate: token ids"
-        if isinstance(ids, torch.Tensor) and ids.device.type != "cpu":
+        torch = loaded_torch()
+        if torch is not None and isinstance(ids, torch.Tensor) and ids.device.type != "cpu":
             if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
                 raise ValueError(f"translate: ids: dtype {ids.dtype} is not an integer dtype")
             t = ids.reshape(-1).to(torch.int64)
@@ -391,13 +403,18 @@ class UnifiedPool:
         host = as_ids(ids, "translate: ids")
         check_range(host, 0, high, what)
         self.commit()  # the caller reads the device tables next
-        return self.backend.upload(paged.translate(host, b.v2p, ps, mult))
+        return self._device_out(self.backend.upload(paged.translate(host, b.v2p, ps, mult)))
 
-    def page_table(self, band: str) -> torch.Tensor:
+    def page_table(self, band: str):
         """`band`'s device v2p table, up to date (commits first)."""
         b = self._band(band)
         self.commit()
-        return b.v2p_dev
+        return self._device_out(b.v2p_dev)
+
+    def _device_out(self, arr):
+        """A device array as handed out: a host device's numpy arrays take
+        the kind `ids` names; a real device's tensors pass as they are."""
+        return self._out(arr) if isinstance(arr, np.ndarray) else arr
 
     def commit(self) -> None:
         """Bring the device page tables up to date with the host's (one
@@ -513,23 +530,26 @@ class UnifiedPool:
         the chain's gap and free bytes, as nested dicts (see `usage`)."""
         return views.occupancy(self)
 
-    def buffer_view(self, band: str) -> torch.Tensor:
-        """`[max_slots, entry_bytes]` uint8 view of the buffer on `band`'s grid."""
+    def buffer_view(self, band: str):
+        """`[max_slots, entry_bytes]` uint8 view of the buffer on `band`'s
+        grid (a device tensor, or on a host device the kind `ids` names)."""
         b = self._band(band)
         if self.buffer is None:
             raise ValueError(f"{self.backend!r} keeps no bytes; use materialize=True")
         g = b.geom
-        return self.buffer[: g.max_slots * g.band.entry_bytes].view(g.max_slots, g.band.entry_bytes)
+        view = self.buffer[: g.max_slots * g.band.entry_bytes].reshape(g.max_slots, g.band.entry_bytes)
+        return self._device_out(view)
 
 
 def _id_wrapper(kind):
-    """How ids are handed to the caller (no copy either way): `torch.from_numpy`
-    for "torch", as they are for "numpy"."""
+    """How host arrays are handed to the caller (no copy either way):
+    `torch.from_numpy` for "torch" (torch imported only then), as they are
+    for "numpy"."""
     if kind == "torch":
-        return torch.from_numpy
+        return require_torch("ids='torch'").from_numpy
     if kind == "numpy":
         return _as_is
-    raise ValueError(f"ids={kind!r} must be 'torch' or 'numpy'")
+    raise ValueError(f"ids={kind!r} must be 'torch', 'numpy' or None (the backend's native kind)")
 
 
 def _as_is(ids: np.ndarray) -> np.ndarray:

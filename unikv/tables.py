@@ -8,14 +8,16 @@ during a forward. Writes mark their entries dirty; `commit()` ships the
 dirty entries' current values in one upload and one scatter. On a
 backend whose device memory is the host's (the sim backend), the two
 arenas are one array and a commit has nothing to do.
+
+The device arena is whatever the backend's `mirror` returns: the host
+numpy array itself on the sim backend, a torch tensor on the CUDA backend.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
-import torch
 
 
 class TableView(NamedTuple):
@@ -23,8 +25,8 @@ class TableView(NamedTuple):
 
     v2p: np.ndarray
     p2v: np.ndarray
-    v2p_dev: torch.Tensor
-    p2v_dev: torch.Tensor
+    v2p_dev: Any  # the backend's device array (`Backend.mirror`)
+    p2v_dev: Any
     v2p_at: int  # offset of v2p in the arena
     p2v_at: int
 
@@ -61,8 +63,8 @@ class PageTables:
             view.v2p[0] = 0
             view.p2v[0] = 0
         self._dirty = []
-        if not self.shared:
-            self.device.copy_(torch.from_numpy(self.host))
+        if not self.shared:  # a separate device arena: a torch tensor
+            self.device.copy_(self.backend.upload(self.host))
 
     MAX_PENDING = 4096  # dirty batches kept before a commit is forced
 

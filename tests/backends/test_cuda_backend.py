@@ -43,10 +43,11 @@ class Lockstep:
     def __init__(self, backend: CudaBackend, compaction: str, seed: int) -> None:
         layout = small_layout()
         self.rng = random.Random(seed)
-        self.sim = UnifiedPool(layout, SimBackend(materialize=True), compaction=compaction)
+        # ids="torch": the sim pool answers in tensors, like the CUDA-backend pool.
+        self.sim = UnifiedPool(layout, SimBackend(materialize=True), compaction=compaction, ids="torch")
         self.dev = UnifiedPool(layout, backend, compaction=compaction)
-        self.sim.buffer.copy_(torch.randint(0, 256, self.sim.buffer.shape, dtype=torch.uint8))
-        self.dev.buffer.copy_(self.sim.buffer)
+        self.sim.buffer[:] = np.random.default_rng(seed).integers(0, 256, self.sim.buffer.shape, dtype=np.uint8)
+        self.dev.buffer.copy_(torch.from_numpy(self.sim.buffer))
         self.reqs: list[dict] = []  # tokens (host list), state id, swa-released tokens
 
     # -- helpers --
@@ -80,7 +81,7 @@ class Lockstep:
             assert (a.v2p == b.v2p_dev.cpu().numpy()).all(), f"after {step}: {name} v2p differs"
             assert (a.p2v == b.p2v_dev.cpu().numpy()).all(), f"after {step}: {name} p2v differs"
         assert self.sim.occupancy() == self.dev.occupancy(), f"after {step}: occupancy differs"
-        assert torch.equal(self.sim.buffer, self.dev.buffer.cpu()), f"after {step}: buffer bytes differ"
+        assert np.array_equal(self.sim.buffer, self.dev.buffer.cpu().numpy()), f"after {step}: buffer bytes differ"
 
     # -- operations --
 

@@ -43,14 +43,19 @@ def three_band(page_size: int = 1, total: int = 10_000) -> Layout:
     ])
 
 
-def pool(layout: Layout, compaction: str = "lazy", kind: str = "unified", **kw):
-    """A materialised pool of `kind` ("unified", "static", "oracle")."""
+def pool(layout: Layout, compaction: str = "lazy", kind: str = "unified", ids: str = "torch", **kw):
+    """A materialised pool of `kind` ("unified", "static", "oracle").
+
+    `ids="torch"` (not the sim backend's native numpy): these tests read and
+    write bytes through tensors (`fill`, `read`); the numpy path has its own
+    tests (test_ids_kinds.py, test_light_install.py).
+    """
     if kind == "oracle":
-        return OraclePool(layout, backend=SimBackend(materialize=False))
+        return OraclePool(layout, backend=SimBackend(materialize=False), ids=ids)
     backend = SimBackend(materialize=True)
     if kind == "static":
-        return StaticPartitionPool(layout, backend=backend, **kw)
-    return UnifiedPool(layout, backend=backend, compaction=compaction, **kw)
+        return StaticPartitionPool(layout, backend=backend, ids=ids, **kw)
+    return UnifiedPool(layout, backend=backend, compaction=compaction, ids=ids, **kw)
 
 
 def fill(pool, ids: torch.Tensor, band: str, seed: int) -> torch.Tensor:
@@ -73,7 +78,7 @@ def snapshot(pool) -> dict:
     for name, b in pool.bands.items():
         out[name] = (b.v2p.copy(), b.p2v.copy())
     if pool.buffer is not None:
-        out["bytes"] = pool.buffer.clone()
+        out["bytes"] = np.array(pool.buffer, copy=True)  # the sim backend's buffer is numpy
     return out
 
 

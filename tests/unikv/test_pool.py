@@ -239,9 +239,10 @@ def test_usage_agrees_with_occupancy_on_random_states(kind, chain):
     from unikv.testing import Driver, make_layout
 
     layout = make_layout(chain, 2, 300)
-    p = {"unified": lambda: UnifiedPool(layout, backend=SimBackend(materialize=True)),
-         "static": lambda: StaticPartitionPool(layout, backend=SimBackend(materialize=True)),
-         "oracle": lambda: OraclePool(layout)}[kind]()
+    # ids="torch": the harness (unikv.testing) reads ids and bytes as tensors.
+    p = {"unified": lambda: UnifiedPool(layout, backend=SimBackend(materialize=True), ids="torch"),
+         "static": lambda: StaticPartitionPool(layout, backend=SimBackend(materialize=True), ids="torch"),
+         "oracle": lambda: OraclePool(layout, ids="torch")}[kind]()
     driver = Driver(p, random.Random(5), check_overlap=kind != "oracle")
     keys = ("live_bytes", "hole_bytes", "pending_bytes", "occupied_bytes", "low_byte", "high_byte")
     for _ in range(300):
@@ -276,8 +277,8 @@ def test_few_id_paths_leave_the_same_pool_as_the_vector_paths(chain, monkeypatch
     def run(small: int):
         monkeypatch.setattr(ids_mod, "SMALL", small)
         monkeypatch.setattr(base_mod, "SMALL", small)
-        p = UnifiedPool(make_layout(chain, 2, 300), backend=SimBackend(materialize=True))
-        driver = Driver(p, random.Random(3))
+        p = UnifiedPool(make_layout(chain, 2, 300), backend=SimBackend(materialize=True), ids="torch")
+        driver = Driver(p, random.Random(3))  # the harness reads tensors
         states = []
         for _ in range(300):
             driver.step()
@@ -351,5 +352,5 @@ def test_numpy_ids_pool_answers_like_the_torch_one(kind):
 
 
 def test_ids_option_is_checked():
-    with pytest.raises(ValueError, match="ids='list' must be 'torch' or 'numpy'"):
+    with pytest.raises(ValueError, match="ids='list' must be 'torch', 'numpy' or None"):
         UnifiedPool(three_band(), ids="list")

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import numpy as np
-import torch
 
 
 class Backend(Protocol):
@@ -13,33 +12,35 @@ class Backend(Protocol):
 
     The allocator decides everything on the host (`unikv.tables`); a backend
     only mirrors those decisions on its device. The core never branches on
-    the backend: it calls these methods only.
+    the backend: it calls these methods only. A "device array" is the
+    backend's own array type: a numpy array on the sim backend (its device
+    is the host), a torch tensor on the CUDA backend.
     """
 
-    device: torch.device
+    device: Any  # "cpu" on the sim backend, a `torch.device` on the CUDA backend
     materialized: bool  # True when `make_buffer` returns real bytes
     shares_host_memory: bool  # True when `mirror` returns the host array itself
+    native_ids: str  # the pool's default `ids`: "numpy" or "torch"
 
-    def make_buffer(self, total_bytes: int) -> torch.Tensor | None:
-        """A uint8 tensor of `total_bytes`, or None for byte accounting only."""
+    def make_buffer(self, total_bytes: int) -> Any:
+        """A uint8 device array of `total_bytes`, or None for byte accounting only."""
 
-    def mirror(self, host: np.ndarray) -> torch.Tensor:
+    def mirror(self, host: np.ndarray) -> Any:
         """The device copy of the host int64 table arena."""
 
-    def scatter(self, table: torch.Tensor, idx: np.ndarray, values: np.ndarray) -> None:
+    def scatter(self, table: Any, idx: np.ndarray, values: np.ndarray) -> None:
         """`table[idx] = values` on the device, from host arrays, without a
         host wait (one upload, one launch)."""
 
-    def upload(self, values: np.ndarray) -> torch.Tensor:
-        """Host int64 values as a device tensor (asynchronous)."""
+    def upload(self, values: np.ndarray) -> Any:
+        """Host int64 values as a device array (asynchronous)."""
 
     def move_pages(self, buffer, page_bytes: int, src: np.ndarray, dst: np.ndarray,
                    disjoint: bool | None = None) -> None:
         """Copy page rows src -> dst as if all sources were read first;
         `disjoint` (known on the host) spares an overlap check."""
 
-    def translate(self, v_tokens: torch.Tensor, v2p: torch.Tensor, page_size: int,
-                  multiplier: int = 1) -> torch.Tensor:
+    def translate(self, v_tokens: Any, v2p: Any, page_size: int, multiplier: int = 1) -> Any:
         """Virtual token ids -> physical ids on the device (tombstones -> 0)."""
 
     def new_event(self, label: str = "") -> Any:

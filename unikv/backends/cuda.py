@@ -69,6 +69,7 @@ class CudaBackend:
 
     materialized = True
     shares_host_memory = False
+    native_ids = "torch"  # the engine that drives a CUDA pool holds torch tensors
 
     def __init__(self, device: str | torch.device = "cuda", stream: Any | None = None) -> None:
         dev = torch.device(device)

@@ -1,13 +1,17 @@
-"""The sim backend: CPU memory, optional real bytes, simulated events."""
+"""The sim backend: CPU memory, optional real bytes, simulated events.
+
+Numpy only (no torch): the "device" is the host, so the device table arena
+is the host arena itself, a materialised buffer is a numpy uint8 array, and
+page moves and translation are numpy operations.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import numpy as np
-import torch
 
-from unikv.kernels import reference
+from unikv import paged
 
 
 class SimEvent:
@@ -56,8 +60,9 @@ class SimBackend:
     """CPU backend for simulation and tests.
 
     The "device" is the host: page tables are the allocator's own host
-    arrays (no commit needed) and ids are handed out as CPU tensors sharing
-    the allocator's memory.
+    arrays (no commit needed), the buffer is a numpy array, and the pool
+    hands ids out as numpy arrays by default (`native_ids`; a pool built
+    with `ids="torch"` wraps them, zero-copy).
 
     Args:
         materialize: allocate a real byte buffer whose page moves copy bytes
@@ -66,27 +71,29 @@ class SimBackend:
     """
 
     shares_host_memory = True
+    native_ids = "numpy"
+    device = "cpu"
 
     def __init__(self, materialize: bool = False) -> None:
         self.materialized = bool(materialize)
-        self.device = torch.device("cpu")
 
     def __repr__(self) -> str:
         return f"SimBackend(materialize={self.materialized})"
 
-    def make_buffer(self, total_bytes: int) -> torch.Tensor | None:
+    def make_buffer(self, total_bytes: int) -> np.ndarray | None:
+        """A zeroed uint8 array of `total_bytes`, or None without `materialize`."""
         if not self.materialized:
             return None
-        return torch.zeros(total_bytes, dtype=torch.uint8)
+        return np.zeros(total_bytes, dtype=np.uint8)
 
-    def mirror(self, host: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(host)
+    def mirror(self, host: np.ndarray) -> np.ndarray:
+        return host  # the device arena is the host arena
 
-    def scatter(self, table: torch.Tensor, idx: np.ndarray, values: np.ndarray) -> None:
+    def scatter(self, table: np.ndarray, idx: np.ndarray, values: np.ndarray) -> None:
         raise RuntimeError("internal: the sim backend's tables are the host tables; nothing to commit")
 
-    def upload(self, values: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(values)
+    def upload(self, values: np.ndarray) -> np.ndarray:
+        return values
 
     def new_event(self, label: str = "") -> SimEvent:
         return SimEvent(label)
@@ -97,8 +104,13 @@ class SimBackend:
     def wait_event(self, event: SimEvent) -> None:
         event.synchronize()
 
-    translate = staticmethod(reference.translate)
+    translate = staticmethod(paged.translate)
 
     def move_pages(self, buffer, page_bytes: int, src: np.ndarray, dst: np.ndarray, disjoint=None) -> None:
-        if buffer is not None:  # gather-then-scatter: any overlap is fine
-            reference.move_pages(buffer, page_bytes, torch.from_numpy(src), torch.from_numpy(dst))
+        """Copy page rows `src -> dst` of `buffer` (a uint8 array) on a grid
+        of `page_bytes`; the gather copies every source row before the
+        scatter writes, so any overlap is fine."""
+        if buffer is None:
+            return
+        rows = buffer[: len(buffer) // page_bytes * page_bytes].reshape(-1, page_bytes)
+        rows[dst] = rows[src]

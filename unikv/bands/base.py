@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from unikv.extent import Extent, Kind, take
 from unikv.hazards import Epoch, Hazards
@@ -27,7 +26,7 @@ class BandContext:
     """What a band receives from the pool that builds it."""
 
     backend: object
-    buffer: torch.Tensor | None
+    buffer: Any  # the backend's uint8 device array, or None (byte accounting only)
     epoch: Epoch
     hazards: Hazards
     chain: Chain
