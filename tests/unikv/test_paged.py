@@ -95,9 +95,10 @@ def test_small_batch_paths_accept_and_reject_like_the_vector_paths(ps, monkeypat
         given = rng.choice([None, total])
 
         def run():  # each lambda below is called at once, inside the loop
-            decode = _outcome(lambda: paged.decode_request(p, seq, last))  # noqa: B023
-            pages = _outcome(lambda: p._live_token_pages(ids, "release", allow_sink=True).tolist())  # noqa: B023
-            extend = _outcome(lambda: paged.extend_request(p, prefix, grown, last, given))  # noqa: B023
+            binds = p.vids.binds
+            decode = _outcome(lambda: paged.decode_request(ps, binds, seq, last))  # noqa: B023
+            pages = _outcome(lambda: paged.live_pages(ids, "release", ps, binds, allow_sink=True).tolist())  # noqa: B023
+            extend = _outcome(lambda: paged.extend_request(ps, binds, prefix, grown, last, given))  # noqa: B023
             if not isinstance(decode, str):
                 decode = (decode.new_pages, decode.total_tokens, decode.opens.tolist(),
                           decode.prefix.tolist())
