@@ -55,6 +55,15 @@ def test_translate_matches_the_reference(ps, mult):
     assert got.tolist() == want.tolist() and got.min() >= 0
 
 
+@pytest.mark.parametrize("ps", [1, 2, 3, 16, 48, 64])
+def test_page_and_slot_of_equal_division_on_every_page_size(ps):
+    """`page_of` / `slot_of` shift and mask for a power-of-two page size,
+    divide otherwise: both paths equal `//` and `%`."""
+    ids = np.random.default_rng(ps).integers(0, 1 << 40, 2000).astype(np.int64)
+    assert (paged.page_of(ids, ps) == ids // ps).all()
+    assert (paged.slot_of(ids, ps) == ids % ps).all()
+
+
 def test_page_representatives_of_a_mid_page_run():
     ids = np.arange(103, 140)  # positions 3.. of a run on page size 16
     reps = paged.page_representatives(ids, 3, 16)
