@@ -17,27 +17,61 @@ from unikv.hazards import Epoch
 from unikv.layout import Layout
 
 
+class EpochMemo:
+    """Answers keyed by what they answer, each fresh while the chain-wide
+    epoch has not moved since it was computed (`hazards.Epoch`)."""
+
+    def __init__(self, epoch: Epoch) -> None:
+        self.epoch = epoch
+        self.entries: dict[tuple, tuple[int, int]] = {}  # key -> (epoch, value)
+
+    def get(self, key: tuple, compute: Callable[[], int]) -> int:
+        """The fresh answer for `key`, computing (and keeping) it if none."""
+        hit = self.entries.get(key)
+        if hit is not None and hit[0] == self.epoch.value:
+            return hit[1]
+        value = compute()
+        self.entries[key] = (self.epoch.value, value)
+        return value
+
+    def fresh(self, key: tuple) -> int | None:
+        """The answer for `key` if it is fresh, else None (nothing computed)."""
+        hit = self.entries.get(key)
+        return hit[1] if hit is not None and hit[0] == self.epoch.value else None
+
+    def last(self, key: tuple) -> int:
+        """The last answer for `key`, fresh or not (0 if none): a search's
+        starting point, never its result."""
+        return self.entries.get(key, (None, 0))[1]
+
+    def current(self) -> list[tuple[tuple, int]]:
+        """Every fresh `(key, answer)`."""
+        now = self.epoch.value
+        return [(k, v) for k, (e, v) in self.entries.items() if e == now]
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
 class Chain:
     """Bands ordered low byte -> high byte, sharing one mutation epoch.
 
     Capacity views are memoised on the epoch: any band mutation bumps it, so
-    a memo is fresh exactly while nothing has changed.
+    a memo is fresh exactly while nothing has changed. The chain computes
+    the views of its own arithmetic; `memo` also keeps answers its owner
+    computes (the pool's ladder view) under keys of the owner's, so one
+    `forget_memos` forgets them all.
     """
 
-    def __init__(self, layout: Layout, epoch: Epoch,
-                 ladder_pages: Callable[[Sequence[int], int], int]) -> None:
+    def __init__(self, layout: Layout, epoch: Epoch) -> None:
         self.total_bytes = layout.total_bytes
         self.sink_bytes = layout.sink_bytes
         self.epoch = epoch
         self.bands: list = []
         self._float: tuple[list | None, int | None] = (None, None)  # (bands, float index)
-        self._memo: dict[tuple, tuple[int, int]] = {}
+        self.memo = EpochMemo(epoch)
         # (epoch, extents, schedulable extents or None until asked)
         self._extents: tuple[int, tuple, tuple | None] | None = None
-        # The ladder-aware joint capacity, `(order, hint) -> pages`
-        # (policy.ladder_joint_pages): policy sits above the chain, so the
-        # pool hands it in and the chain only calls it.
-        self.ladder_pages = ladder_pages
 
     def extents(self, schedulable: bool = False) -> tuple[Extent, ...]:
         """Every band's extent, memoised per epoch (a tuple: callers that
@@ -65,24 +99,16 @@ class Chain:
     def joint_pages(self, order: Sequence[int], schedulable: bool = False) -> int:
         """Pages a coupled take on every band of `order` gets without a move."""
         key = ("joint", tuple(order), schedulable)
-        hint = self._memo.get(key, (None, 0))[1]
-        return self._memoised(
+        hint = self.memo.last(key)  # the last answer: the search gallops from it
+        return self.memo.get(
             key, lambda: joint_pages(self.extents(schedulable), order, self.total_bytes, hint))
-
-    def schedulable_joint_pages(self, order: Sequence[int]) -> int:
-        """Pages a coupled take on `order` gets through the shortfall ladder
-        (urgent END flushes, then the float slide it would plan)."""
-        key = ("ladder", tuple(order), True)
-        hint = self._memo.get(key, (None, 0))[1]  # the last answer: the search gallops from it
-        return self._memoised(key, lambda: self.ladder_pages(order, hint))
 
     def fits_joint(self, order: Sequence[int], pages: int) -> bool:
         """Whether `pages` pages fit on every band of `order` without a move
         (one feasibility walk: cheaper than the full capacity search)."""
-        key = ("joint", tuple(order), False)
-        hit = self._memo.get(key)
-        if hit is not None and hit[0] == self.epoch.value:
-            return pages <= hit[1]
+        known = self.memo.fresh(("joint", tuple(order), False))
+        if known is not None:
+            return pages <= known
         return take_all(self.extents(), order, pages, self.total_bytes) is not None
 
     def band_pages(self, i: int, schedulable: bool = False) -> int:
@@ -90,18 +116,11 @@ class Chain:
         def compute() -> int:
             ext = self.extents(schedulable)
             return ext[i].holes + extension_room(ext, i, self.total_bytes)
-        return self._memoised(("band", i, schedulable), compute)
-
-    def _memoised(self, key: tuple, compute) -> int:
-        hit = self._memo.get(key)
-        if hit is not None and hit[0] == self.epoch.value:
-            return hit[1]
-        value = compute()
-        self._memo[key] = (self.epoch.value, value)
-        return value
+        return self.memo.get(("band", i, schedulable), compute)
 
     def memo_violations(self) -> list[str]:
-        """A memo of the current epoch must equal a fresh recompute."""
+        """A memo of the chain's own views ("joint", "band") of the current
+        epoch must equal a fresh recompute (its owner checks the others)."""
         out = []
         now = tuple(b.extent() for b in self.bands)  # fresh, bypassing every memo
         after = tuple(after_urgent_flush(e) for e in now)
@@ -109,13 +128,11 @@ class Chain:
         if memo is not None and memo[0] == self.epoch.value and (
                 memo[1] != now or memo[2] not in (None, after)):
             out.append("[chain] stale extents memo")
-        for key, (epoch, value) in list(self._memo.items()):
-            if epoch != self.epoch.value:
+        for key, value in self.memo.current():
+            if key[0] not in ("joint", "band"):
                 continue
             ext = after if key[2] else now
-            if key[0] == "ladder":
-                fresh = self.ladder_pages(key[1], 0)
-            elif key[0] == "joint":
+            if key[0] == "joint":
                 fresh = joint_pages(ext, key[1], self.total_bytes)
             else:
                 fresh = ext[key[1]].holes + extension_room(ext, key[1], self.total_bytes)
@@ -123,8 +140,14 @@ class Chain:
                 out.append(f"[chain] stale capacity memo {key}: cached {value}, actual {fresh}")
         return out
 
+    # -- applying plans --
+
+    def flush_bands(self, indices: Sequence[int], urgent: bool) -> int:
+        """Flush the bands at `indices` (a policy's pick); returns page moves."""
+        return sum([self.bands[i].flush(urgent) for i in indices])
+
     def forget_memos(self) -> None:
-        self._memo.clear()
+        self.memo.clear()
         self._extents = None
 
     # -- geometry checks and views --

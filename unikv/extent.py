@@ -276,6 +276,49 @@ def budget_pages(chain: Sequence[Extent], order: Sequence[int]) -> int | None:
     return max(0, min(free // bytes_per_n, grid))
 
 
+# -- the closed forms over columns: `Columns` is one band's Extent fields
+# "low", "high", "holes", "live" as int64 arrays, one entry per sampled
+# state (`unikv.samples`); `ext0` gives the fields that never change (kind,
+# page bytes, grid, cap). Each twin sits under its scalar form's test
+# (`test_extent.test_column_twins_equal_the_scalar_forms`).
+
+Columns = Mapping[str, np.ndarray]
+
+
+def joint_pages_columns(ext0: Sequence[Extent], cols: Sequence[Columns],
+                        order: Sequence[int]) -> np.ndarray | None:
+    """`joint_pages` of every sampled state at once, for the chains it
+    answers in closed form (a facing UP / DOWN pair, budget bands, static
+    regions); None for any other chain (the caller then searches state by
+    state). `order` non-empty."""
+    kinds = [ext0[i].kind for i in order]
+    if len(order) == 2 and kinds == [UP, DOWN] and order[1] == order[0] + 1:
+        return facing_pair_columns(ext0[order[0]], cols[order[0]], ext0[order[1]], cols[order[1]])
+    if all(k is BUDGET for k in kinds):
+        return budget_columns(ext0, cols, order)
+    if all(k is REGION for k in kinds):
+        return np.min([cols[i]["holes"] + ext0[i].cap - cols[i]["high"] for i in order], axis=0)
+    return None
+
+
+def facing_pair_columns(u: Extent, su: Columns, d: Extent, sd: Columns) -> np.ndarray:
+    """`facing_pair_pages` of adjacent bands `u` (UP) and `d` (DOWN), over columns."""
+    pu, pd = u.page_bytes, d.page_bytes
+    room_u = np.maximum(0, np.minimum(u.num_pages, sd["low"] * pd // pu) - su["high"])
+    room_d = np.maximum(0, sd["low"] - np.maximum(d.min_page, -(-su["high"] * pu // pd)))
+    hi = np.minimum(su["holes"] + room_u, sd["holes"] + room_d)
+    meet = ((sd["low"] + sd["holes"]) * pd - (su["high"] - su["holes"]) * pu) // (pu + pd)
+    return np.minimum(hi, np.maximum(np.maximum(su["holes"], sd["holes"]), meet))
+
+
+def budget_columns(ext0: Sequence[Extent], cols: Sequence[Columns], order: Sequence[int]) -> np.ndarray:
+    """`budget_pages` over columns (every band of `order` a budget band)."""
+    bytes_per_n = sum(ext0[i].page_bytes for i in order)
+    grid = np.min([ext0[i].num_pages - ext0[i].min_page - cols[i]["live"] for i in order], axis=0)
+    free = ext0[order[0]].cap - sum(c["live"] * e.page_bytes for e, c in zip(ext0, cols))
+    return np.maximum(0, np.minimum(free // bytes_per_n, grid))
+
+
 def search(fits, hi: int, hint: int) -> int:
     """Largest n in [0, hi] with `fits(n)` (monotone), galloping from `hint`."""
     lo, step = 0, 1
@@ -326,6 +369,30 @@ def chain_gap_bytes(chain: Sequence[Extent], sink_bytes: int, total_bytes: int) 
         return 0
     if chain[-1].kind is not DOWN:
         gap += max(0, total_bytes - top)
+    return gap
+
+
+def chain_gap_bytes_columns(ext0: Sequence[Extent], cols: Sequence[Columns], sink_bytes: int,
+                            total_bytes: int) -> np.ndarray:
+    """`chain_gap_bytes` over columns (see `joint_pages_columns`)."""
+    n = len(cols[0]["low"])
+    if ext0[0].kind is REGION:
+        return sum((e.cap - c["high"]) * e.page_bytes for e, c in zip(ext0, cols))
+    gap = np.zeros(n, dtype=np.int64)
+    top = np.zeros(n, dtype=np.int64)
+    seen = np.zeros(n, dtype=bool)  # a non-transparent band came before
+    for e, c in zip(ext0, cols):
+        if e.kind is BUDGET:
+            continue
+        solid = c["live"] > 0 if e.kind is FLOAT else np.ones(n, dtype=bool)
+        low = c["low"] * e.page_bytes
+        first = low if ext0[0].kind is UP else sink_bytes
+        start = np.where(seen, top, first)
+        gap += np.where(solid, np.maximum(0, low - start), 0)
+        top = np.where(solid, c["high"] * e.page_bytes, top)
+        seen |= solid
+    if ext0[-1].kind is not DOWN:
+        gap += np.where(seen, np.maximum(0, total_bytes - top), 0)
     return gap
 
 

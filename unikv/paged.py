@@ -1,6 +1,9 @@
 """The paged alloc surface: argument checks and page arithmetic, on the host.
 
-Serving engines hand a batch as per-request `prefix_lens` (tokens already
+Functions here get what they check against as data: the page size and the
+token id space's bind counts (`binds`: `IdSpace.binds`, one count per
+virtual page, so `len(binds)` is the id space's size; a page is allocated
+while its count is > 0). Serving engines hand a batch as per-request `prefix_lens` (tokens already
 held), `seq_lens` (tokens wanted) and `last_loc` (id of the last prefix
 token). New tokens first fill the free slots of the last page, then take
 `ceil(seq / ps) - ceil(prefix / ps)` new pages per request. The arithmetic
@@ -14,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from unikv.ids import as_ids, few
+from unikv.ids import as_ids, check_range, few
 
 
 class PagedRequest(NamedTuple):
@@ -49,15 +52,17 @@ def slot_of(ids: np.ndarray, page_size: int) -> np.ndarray:
 SMALL_BATCH = 16
 
 
-def extend_request(pool, prefix_lens, seq_lens, last_loc, extend_num_tokens=None) -> PagedRequest:
-    """Checked arguments of `alloc_extend`. Raises ValueError naming the
-    argument (shapes, negative or shrinking lengths, a wrong token total, a
-    `last_loc` that is not a live id at the prefix's last position)."""
+def extend_request(page_size: int, binds: np.ndarray, prefix_lens, seq_lens, last_loc,
+                   extend_num_tokens=None) -> PagedRequest:
+    """Checked arguments of `alloc_extend` (`page_size` in tokens, `binds`
+    as above). Raises ValueError naming the argument (shapes, negative or
+    shrinking lengths, a wrong token total, a `last_loc` that is not a live
+    id at the prefix's last position)."""
     prefix = as_ids(prefix_lens, "alloc_extend: prefix_lens")
     seq = as_ids(seq_lens, "alloc_extend: seq_lens")
     last = as_ids(last_loc, "alloc_extend: last_loc")
     if len(prefix) <= SMALL_BATCH and len(prefix) == len(seq) == len(last):
-        req = _small_extend_request(pool, prefix, seq, last, extend_num_tokens)
+        req = _small_extend_request(page_size, binds, prefix, seq, last, extend_num_tokens)
         if req is not None:
             return req
     if not (len(prefix) == len(seq) == len(last)):
@@ -71,19 +76,17 @@ def extend_request(pool, prefix_lens, seq_lens, last_loc, extend_num_tokens=None
     if extend_num_tokens is not None and int(extend_num_tokens) != total:
         raise ValueError(f"alloc_extend: extend_num_tokens={extend_num_tokens} but "
                          f"sum(seq_lens - prefix_lens)={total}")
-    _check_last_loc(pool, prefix, last, "alloc_extend")
-    ps = pool.page_size
+    _check_last_loc(page_size, binds, prefix, last, "alloc_extend")
+    ps = page_size
     pages = int((-(-seq // ps) - -(-prefix // ps)).sum())
     return PagedRequest(prefix, seq, last, pages, total)
 
 
-def _small_extend_request(pool, prefix: np.ndarray, seq: np.ndarray, last: np.ndarray,
-                          extend_num_tokens) -> PagedRequest | None:
+def _small_extend_request(ps: int, binds: np.ndarray, prefix: np.ndarray, seq: np.ndarray,
+                          last: np.ndarray, extend_num_tokens) -> PagedRequest | None:
     """`extend_request` of a small batch, checked on Python ints; None when
     any check fails (the vector path then names the offenders)."""
-    ps = pool.page_size
-    high = pool.vids.size * ps
-    binds = pool.vids.binds
+    high = len(binds) * ps
     total = pages = 0
     for p, s, t in zip(prefix.tolist(), seq.tolist(), last.tolist()):
         if p < 0 or s < p:
@@ -98,12 +101,13 @@ def _small_extend_request(pool, prefix: np.ndarray, seq: np.ndarray, last: np.nd
     return PagedRequest(prefix, seq, last, pages, total)
 
 
-def decode_request(pool, seq_lens, last_loc) -> PagedRequest:
-    """Checked arguments of `alloc_decode` (seq_lens >= 1, include the new token)."""
+def decode_request(page_size: int, binds: np.ndarray, seq_lens, last_loc) -> PagedRequest:
+    """Checked arguments of `alloc_decode` (seq_lens >= 1, include the new
+    token; `page_size` in tokens, `binds` as above)."""
     seq = as_ids(seq_lens, "alloc_decode: seq_lens")
     last = as_ids(last_loc, "alloc_decode: last_loc")
     if len(seq) <= SMALL_BATCH and len(seq) == len(last):
-        req = _small_decode_request(pool, seq, last)
+        req = _small_decode_request(page_size, binds, seq, last)
         if req is not None:
             return req
     if len(seq) != len(last):
@@ -112,28 +116,29 @@ def decode_request(pool, seq_lens, last_loc) -> PagedRequest:
     if len(seq) and seq.min() < 1:
         raise ValueError(f"alloc_decode: seq_lens {few(seq[seq < 1])} must be >= 1")
     prefix = seq - 1
-    opens = slot_of(prefix, pool.page_size) == 0
+    opens = slot_of(prefix, page_size) == 0
     pages = int(np.count_nonzero(opens))
     if pages < len(seq):
-        _check_last_loc(pool, prefix, last, "alloc_decode", ~opens, len(seq) - pages)
+        _check_last_loc(page_size, binds, prefix, last, "alloc_decode", ~opens, len(seq) - pages)
     return PagedRequest(prefix, seq, last, pages, len(seq), opens)
 
 
-def _small_decode_request(pool, seq: np.ndarray, last: np.ndarray) -> PagedRequest | None:
+def _small_decode_request(ps: int, binds: np.ndarray, seq: np.ndarray,
+                          last: np.ndarray) -> PagedRequest | None:
     """`decode_request` of a small batch, checked on Python ints; None when
     any check fails (the vector path then names the offenders)."""
-    opens = small_decode_opens(pool, seq, last)
+    opens = small_decode_opens(ps, binds, seq, last)
     if opens is None:
         return None
     return PagedRequest(seq - 1, seq, last, opens.count(True), len(opens), np.array(opens, dtype=bool))
 
 
-def small_decode_opens(pool, seq: np.ndarray, last: np.ndarray) -> list[bool] | None:
+def small_decode_opens(ps: int, binds: np.ndarray, seq: np.ndarray,
+                       last: np.ndarray) -> list[bool] | None:
     """Which requests of a small, checked decode batch open a page (on
-    Python ints); None when any check fails."""
-    ps = pool.page_size
-    high = pool.vids.size * ps
-    binds = pool.vids.binds
+    Python ints; `ps` the page size, `binds` as above); None when any
+    check fails."""
+    high = len(binds) * ps
     opens = []
     for s, t in zip(seq.tolist(), last.tolist()):
         if s < 1:
@@ -152,12 +157,11 @@ def _last_loc_ok(t: int, slot: int, ps: int, high: int, binds: np.ndarray) -> bo
     return 0 <= t < high and (t + 1) % ps == slot and bool(binds[t // ps])
 
 
-def _check_last_loc(pool, prefix: np.ndarray, last: np.ndarray, op: str,
+def _check_last_loc(ps: int, binds: np.ndarray, prefix: np.ndarray, last: np.ndarray, op: str,
                     tail: np.ndarray | None = None, n_tail: int | None = None) -> None:
     """Where a prefix ends inside a page (`tail`, and how many: `n_tail`;
     computed when not given), its `last_loc` must be a live id at the
     prefix's last position of that page."""
-    ps = pool.page_size
     if tail is None:
         tail = slot_of(prefix, ps) != 0
         n_tail = int(np.count_nonzero(tail))
@@ -165,10 +169,10 @@ def _check_last_loc(pool, prefix: np.ndarray, last: np.ndarray, op: str,
         return
     if n_tail < len(prefix):
         prefix, last = prefix[tail], last[tail]
-    high = pool.vids.size * ps
+    high = len(binds) * ps
     if last.min() >= 0 and last.max() < high:  # noqa: SIM102 (the comment belongs to the inner test)
         # last sits at position prefix - 1 of its page <=> (last + 1) % ps == prefix % ps
-        if (slot_of(last + 1, ps) == slot_of(prefix, ps)).all() and pool.vids.binds[page_of(last, ps)].all():
+        if (slot_of(last + 1, ps) == slot_of(prefix, ps)).all() and binds[page_of(last, ps)].all():
             return  # the common case in a few vector passes; below, name the offenders
     inside = (last >= 0) & (last < high)
     if not inside.all():
@@ -177,8 +181,70 @@ def _check_last_loc(pool, prefix: np.ndarray, last: np.ndarray, op: str,
     if not placed.all():
         raise ValueError(f"{op}: last_loc {few(last[~placed])} do not sit at the prefix's last "
                          f"position within their page (page_size={ps})")
-    dead = last[pool.vids.binds[page_of(last, ps)] <= 0]
+    dead = last[binds[page_of(last, ps)] <= 0]
     raise ValueError(f"{op}: last_loc {few(dead)} are not on allocated pages")
+
+
+def live_pages(ids, op: str, page_size: int, binds: np.ndarray, allow_sink: bool = False,
+               bound_v2p: np.ndarray | None = None) -> np.ndarray:
+    """The distinct virtual pages of token `ids`, ascending, all allocated
+    (`binds` as above); of those, the ones a band binds when its v2p table
+    is given (`bound_v2p`). `allow_sink`: page 0 (the sink) is dropped
+    instead of refused. Raises ValueError naming `op` for ids outside the
+    id space or on pages not allocated (never, or already freed)."""
+    t = as_ids(ids, f"{op}: ids")
+    if len(t) <= SMALL_BATCH:
+        pages = _few_live_pages(t, page_size, binds, allow_sink, bound_v2p)
+        if pages is not None:
+            return pages
+    check_range(t, 0, len(binds) * page_size, f"{op}: token ids")
+    pages = distinct(page_of(t, page_size), len(binds))
+    if allow_sink and len(pages) and pages[0] == 0:
+        pages = pages[1:]
+    dead = pages[binds[pages] <= 0]
+    if len(dead):
+        raise ValueError(f"{op}: virtual pages {few(dead)} are not allocated "
+                         "(never allocated, or already freed)")
+    if bound_v2p is not None:
+        pages = pages[bound_v2p[pages] >= 0]
+    return pages
+
+
+def _few_live_pages(t: np.ndarray, ps: int, binds: np.ndarray, allow_sink: bool,
+                    bound_v2p: np.ndarray | None) -> np.ndarray | None:
+    """`live_pages` of a few ids, on Python ints; None when a check fails
+    (the vector path then names the offenders)."""
+    high = len(binds) * ps
+    pages = set()
+    for x in t.tolist():
+        if not 0 <= x < high:
+            return None
+        pages.add(x // ps)
+    if allow_sink:
+        pages.discard(0)
+    for v in pages:
+        if binds[v] <= 0:
+            return None
+    if bound_v2p is not None:
+        return np.array(sorted([v for v in pages if bound_v2p[v] >= 0]), dtype=np.int64)
+    return np.array(sorted(pages), dtype=np.int64)
+
+
+def distinct(pages: np.ndarray, size: int) -> np.ndarray:
+    """The distinct values of `pages` (all in `[0, size)`), ascending: a
+    sort for few, a presence mask over the id space for many (a whole
+    request's token ids: linear instead of n log n)."""
+    if len(pages) <= 1:
+        return pages
+    if len(pages) >= 2048 and 4 * len(pages) >= size // 16:
+        seen = np.zeros(size, dtype=bool)
+        seen[pages] = True
+        return np.flatnonzero(seen)
+    out = np.sort(pages)  # then drop repeats: several times faster than np.unique
+    new = out[1:] != out[:-1]
+    if new.all():
+        return out
+    return out[np.concatenate(([True], new))]
 
 
 def extend_ids(req: PagedRequest, new_pages: np.ndarray, page_size: int) -> np.ndarray:

@@ -1,20 +1,26 @@
-"""Shortfall policy: the ladder and the float relocation, over a chain.
+"""Shortfall policy: the ladder's and the float's decisions, as plans.
 
-A demand vector maps band index -> pages the failed allocation needs on that
-band (every token band for a coupled alloc, in alloc order; one band for a
-state slot). The float moves only on a plan checked on extents first: the
-ladder asks, then acts, so a ladder that fails leaves at least the room it
-found (docs/allocator.md).
+Pure functions over the chain's extents (and the float's hole list, passed
+as data): they decide, and return what to do; the pool applies it (band
+flushes, a float relocation) and re-checks. Nothing here holds a chain or a
+band. A demand vector maps band index -> pages the failed allocation needs
+on that band (every token band for a coupled alloc, in alloc order; one
+band for a state slot). The float moves only on a plan checked on extents
+first: the ladder asks, then acts, so a ladder that fails leaves at least
+the room it found (docs/allocator.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
-from unikv.chain import Chain
+import numpy as np
+
 from unikv.extent import (
+    FLOAT,
+    UP,
     Extent,
-    Kind,
+    Relocation,
     bound_above,
     bound_below,
     demand_fits,
@@ -22,135 +28,119 @@ from unikv.extent import (
     joint_pages,
     relocated,
     room_extent,
+    room_plan,
     search,
     take_all,
 )
 from unikv.layout import Side
-from unikv.stats import Stats
 
 
-def flush_targets(chain: Chain, demand: Mapping[int, int]) -> list:
-    """END bands whose urgent flush can raise the room of this allocation.
+def flush_targets(ext: Sequence[Extent], demand: Mapping[int, int]) -> list[int]:
+    """Indices of the END bands whose urgent flush can raise the room of
+    this allocation, in chain order (`ext`: the chain's extents).
 
     A coupled alloc: every END band (a one-sided hole is useless to a
     coupled page, compaction turns it into shared gap). A single END band:
     the END bands on its growth side up to and including the first one.
     Never the float: absorbing its boundary holes turns pages only it could
     use into gap a neighbour competes for, so its absorption is part of the
-    relocation plan instead (`open_short_side`).
+    relocation plan instead (`slide_plan`).
     """
     wanted = [i for i, pages in demand.items() if pages > 0]
-    if len(wanted) != 1 or chain.bands[wanted[0]].kind is Kind.FLOAT:
-        return [b for b in chain.bands if b.kind is not Kind.FLOAT]
+    if len(wanted) != 1 or ext[wanted[0]].kind is FLOAT:
+        return [i for i, e in enumerate(ext) if e.kind is not FLOAT]
     i = wanted[0]
-    step = 1 if chain.bands[i].kind is Kind.UP else -1
-    out = []
+    step = 1 if ext[i].kind is UP else -1
     j = i + step
-    while 0 <= j < len(chain.bands):
-        if chain.bands[j].kind is not Kind.FLOAT:
-            out.append(chain.bands[j])
-            break
+    while 0 <= j < len(ext):
+        if ext[j].kind is not FLOAT:
+            return [j]
         j += step
-    return out
+    return []
 
 
-def flush_chain(chain: Chain, urgent: bool, order: Sequence[int]) -> int:
-    """Flush every END band, then let the float absorb its boundary holes
-    unless that lowers the joint room of the coupled bands `order` (so a
-    flush never shrinks `available_size()`); returns page moves."""
-    f = chain.float_index()
-    moves = 0
-    for i, b in enumerate(chain.bands):
-        if i != f:
-            moves += b.flush(urgent)
-    if f is None:
-        return moves
-    plan = chain.bands[f].plan_absorb()
-    if plan is not None and order:
-        ext = chain.extents()
-        after = list(ext)
-        after[f] = relocated(ext[f], plan)
-        # Feasibility is monotone in n: the absorbed chain keeps the room
-        # iff today's joint pages still fit on it (one walk, no search).
-        if take_all(after, order, chain.joint_pages(order), chain.total_bytes) is None:
-            return moves
-    return moves + chain.bands[f].flush(urgent)
+def absorb_keeps_room(ext: Sequence[Extent], f: int, plan: Relocation | None,
+                      order: Sequence[int], pages: int, total_bytes: int) -> bool:
+    """Whether float `f` may apply its absorb `plan` in a flush: it keeps
+    the coupled bands `order` able to take `pages` (today's joint pages,
+    so a flush never shrinks `available_size()`), or there is nothing to
+    keep (no plan, no coupled band)."""
+    if plan is None or not order:
+        return True
+    after = list(ext)
+    after[f] = relocated(ext[f], plan)
+    # Feasibility is monotone in n: the absorbed chain keeps the room iff
+    # today's joint pages still fit on it (one walk, no search).
+    return take_all(after, order, pages, total_bytes) is not None
 
 
-def open_short_side(chain: Chain, demand: Mapping[int, int]) -> bool:
-    """Slide the float so the demand fits, if some planned slide does.
-
-    Each candidate is a `make_room` request; its plan is checked on extents
-    (`demand_fits`) and the first that fits is applied. Returns whether one
-    was applied; if none fits, nothing moves.
-    """
-    f = chain.float_index()
-    plan = slide_plan(chain, chain.extents(), demand) if f is not None else None
-    if plan is None:
-        return False
-    chain.bands[f].relocate(plan)
-    return True
-
-
-def slide_plan(chain: Chain, ext: Sequence, demand: Mapping[int, int]):
-    """The float relocation `open_short_side` would apply on a chain whose
-    extents are `ext` (the float's own as now), or None: pure, nothing moves."""
-    f = chain.float_index()
-    if f is None or ext[f].transparent:
+def slide_plan(ext: Sequence[Extent], f: int, float_holes: np.ndarray,
+               demand: Mapping[int, int], total_bytes: int) -> Relocation | None:
+    """The float relocation that lets `demand` fit on a chain whose extents
+    are `ext` (float `f`'s holes: `float_holes`, any order), or None when no
+    planned slide does: the first `slide_request` that fits, built as
+    `room_plan` builds it (the same span: tested)."""
+    if ext[f].transparent:
         return None
-    holes = sorted(chain.bands[f].holes.tolist())
-    request = slide_request(chain, ext, demand, holes)
-    return None if request is None else chain.bands[f].plan_room(*request, ext)
-
-
-def slide_request(chain: Chain, ext: Sequence, demand: Mapping[int, int],
-                  holes: Sequence[int]) -> tuple[Side, int, int] | None:
-    """The first room request (`_room_requests` order) whose planned float
-    span lets `demand` fit, or None. Spans are counted by `room_extent` from
-    the float's holes sorted ascending (`holes`), so a capacity search can
-    ask for many demands without building a plan; `plan_room` then builds
-    the one applied (the same span: tested)."""
-    f = chain.float_index()
-    if f is None or ext[f].transparent:
+    holes = sorted(float_holes.tolist())
+    request = slide_request(ext, f, holes, demand, total_bytes)
+    if request is None:
         return None
-    band, e = chain.bands[f], ext[f]
-    region = float_region(ext, f, chain.total_bytes)
-    pages = lambda b: -(-b // e.page_bytes)  # noqa: E731  (as plan_room rounds)
-    for side, min_bytes, keep_far_bytes in _room_requests(ext, chain.total_bytes, demand, f):
-        span = room_extent(band.low, band.high, holes, region, side, pages(min_bytes),
+    side, min_bytes, keep_far_bytes = request
+    e = ext[f]
+    pages = lambda b: -(-b // e.page_bytes)  # noqa: E731  (as slide_request rounds)
+    return room_plan(e.low, e.high, holes, float_region(ext, f, total_bytes), side,
+                     pages(min_bytes), pages(keep_far_bytes))
+
+
+def slide_request(ext: Sequence[Extent], f: int, holes: Sequence[int],
+                  demand: Mapping[int, int], total_bytes: int) -> tuple[Side, int, int] | None:
+    """The first room request `(side, min_bytes, keep_far_bytes)`
+    (`_room_requests` order) whose planned span of float `f` lets `demand`
+    fit, or None. Spans are counted by `room_extent` from the float's holes
+    sorted ascending (`holes`), so a capacity search can ask for many
+    demands without building a plan."""
+    e = ext[f]
+    if e.transparent:
+        return None
+    region = float_region(ext, f, total_bytes)
+    pages = lambda b: -(-b // e.page_bytes)  # noqa: E731  (as room_plan's callers round)
+    for side, min_bytes, keep_far_bytes in _room_requests(ext, total_bytes, demand, f):
+        span = room_extent(e.low, e.high, holes, region, side, pages(min_bytes),
                            pages(keep_far_bytes))
         if span is None:
             continue
         trial = list(ext)
         trial[f] = Extent(e.kind, e.page_bytes, e.min_page, e.num_pages, span[0], span[1], span[2],
                           e.live, e.cap)
-        if demand_fits(trial, demand, chain.total_bytes):
+        if demand_fits(trial, demand, total_bytes):
             return side, min_bytes, keep_far_bytes
     return None
 
 
-def ladder_joint_pages(chain: Chain, order: Sequence[int], hint: int = 0) -> int:
+def ladder_joint_pages(ext: Sequence[Extent], order: Sequence[int], f: int | None,
+                       float_holes: np.ndarray, total_bytes: int, sink_bytes: int,
+                       hint: int = 0) -> int:
     """Pages a coupled take on `order` gets through the shortfall ladder:
-    after urgent flushes of the END bands, then, if that is short, the
-    float slide the ladder would plan. Every answer is realised by `relieve`
-    (same extents, same plan); a search over a predicate that need not be
+    after urgent flushes of the END bands (`ext`: the chain's schedulable
+    extents, `extents(schedulable=True)`), then, if that is short, the
+    float slide the ladder would plan (float `f`, None if none; its holes
+    `float_holes`, any order). Every answer is realised by the ladder (same
+    extents, same plan); a search over a predicate that need not be
     monotone in `n` still only returns values it found to fit. `hint` (the
     last answer) is where the plain search starts: it never changes that
     search's exact answer, from which the slide search then starts."""
-    ext = chain.extents(schedulable=True)
-    total = chain.total_bytes
-    plain = joint_pages(ext, order, total, hint)
-    f = chain.float_index()
+    plain = joint_pages(ext, order, total_bytes, hint)
     if f is None or ext[f].transparent or not order:
         return plain
 
-    holes = sorted(chain.bands[f].holes.tolist())  # once for the whole search
+    holes = sorted(float_holes.tolist())
 
     def fits(n: int) -> bool:
-        return (take_all(ext, order, n, total) is not None
-                or slide_request(chain, ext, {i: n for i in order}, holes) is not None)
+        return (take_all(ext, order, n, total_bytes) is not None
+                or slide_request(ext, f, holes, {i: n for i in order}, total_bytes) is not None)
 
-    free = total - chain.sink_bytes - sum(e.live * e.page_bytes for e in ext)
+    free = total_bytes - sink_bytes - sum(e.live * e.page_bytes for e in ext)
     hi = free // max(1, min(ext[i].page_bytes for i in order)) + sum(ext[i].holes for i in order)
     return search(fits, hi, plain)
 
@@ -204,19 +194,3 @@ def _room_requests(ext: Sequence, total_bytes: int, demand: Mapping[int, int],
     # anything moves).
     lo, hi = float_region(ext, f, total_bytes)
     yield s, (hi - lo - flt.live) * flt.page_bytes, 0
-
-
-def relieve(chain: Chain, demand: Mapping[int, int], fits: Callable[[], bool], stats: Stats) -> bool:
-    """The shortfall ladder, cheapest remedy first: urgent flushes of END
-    bands, re-check, a float relocation planned to fit, re-check. Each step
-    leaves every capacity view at least where it was, so a failing ladder
-    never shrinks the room. Never evicts: the caller decides that."""
-    stats.ladder_runs += 1
-    for band in flush_targets(chain, demand):
-        band.flush(urgent=True)
-    if fits():
-        return True
-    if open_short_side(chain, demand) and fits():
-        return True
-    stats.ladder_failures += 1
-    return False

@@ -11,12 +11,13 @@ import numpy as np
 from unikv import paged, samples, views
 from unikv.backends.sim import SimBackend
 from unikv.bands import UNIFIED_BANDS, BandContext
+from unikv.bands.base import EMPTY
 from unikv.chain import Chain
 from unikv.extent import Kind, take_all
 from unikv.hazards import Epoch, Hazards
 from unikv.ids import IdSpace, as_ids, check_count, check_range, few, loaded_torch, require_torch
 from unikv.layout import Layout, Side, Unit
-from unikv.policy import flush_chain, ladder_joint_pages, relieve
+from unikv.policy import absorb_keeps_room, flush_targets, ladder_joint_pages, slide_plan
 from unikv.stats import Stats
 from unikv.tables import PageTables
 
@@ -88,8 +89,7 @@ class UnifiedPool:
         self.epoch = Epoch()
         self.hazards = Hazards(self.backend)
         self.counters = Stats.for_bands(layout.names)
-        self.chain = Chain(layout, self.epoch,
-                           lambda order, hint=0: ladder_joint_pages(self.chain, order, hint))
+        self.chain = Chain(layout, self.epoch)
         self.buffer = self.backend.make_buffer(layout.total_bytes)
         token_vspace = 1 + sum(g.usable_pages for g in layout if g.band.unit is Unit.TOKEN)
         vspace = {g.band.name: token_vspace if g.band.unit is Unit.TOKEN else g.usable_pages + 1
@@ -98,9 +98,10 @@ class UnifiedPool:
                                                 for g in layout])
         self.bands: dict[str, Any] = {}
         for g in layout:
-            ctx = BandContext(self.backend, self.buffer, self.epoch, self.hazards, self.chain,
-                              self.tables, self.compaction is Compaction.LAZY, move_cap,
-                              self._regions())
+            ctx = BandContext(self.backend, self.buffer, self.epoch, self.hazards, self.tables,
+                              lazy=self.compaction is Compaction.LAZY, move_cap=move_cap,
+                              total_bytes=layout.total_bytes, sink_bytes=layout.sink_bytes,
+                              regions=self._regions())
             cls = self.band_classes[self._band_kind(g.band)]
             self.bands[g.band.name] = cls(g, ctx, self.counters.bands[g.band.name])
         self.chain.bands = list(self.bands.values())
@@ -158,8 +159,23 @@ class UnifiedPool:
         if not self.token_names:
             return 0
         if schedulable:
-            return self.chain.schedulable_joint_pages(self.token_order) * self.page_size
+            return self._ladder_pages() * self.page_size
         return self.chain.joint_pages(self.token_order) * self.page_size
+
+    def _ladder_pages(self, memo: bool = True) -> int:
+        """Pages a coupled take gets through the shortfall ladder (urgent END
+        flushes, then the float slide it would plan: `_relieve`), memoised
+        on the chain's epoch (`memo=False`: a fresh recompute)."""
+        chain, order = self.chain, self.token_order
+        key = ("ladder", order)
+        hint = chain.memo.last(key) if memo else 0  # the search gallops from the last answer
+        f = chain.float_index()
+
+        def compute() -> int:
+            holes = EMPTY if f is None else chain.bands[f].holes
+            return ladder_joint_pages(chain.extents(schedulable=True), order, f, holes,
+                                      chain.total_bytes, chain.sink_bytes, hint)
+        return chain.memo.get(key, compute) if memo else compute()
 
     def available_size_bound(self) -> int:
         """An upper bound on `available_size(schedulable=True)`, from live
@@ -203,7 +219,8 @@ class UnifiedPool:
             or None on shortfall (nothing allocated).
         """
         self._require_tokens()
-        req = paged.extend_request(self, prefix_lens, seq_lens, last_loc, extend_num_tokens)
+        req = paged.extend_request(self.page_size, self.vids.binds, prefix_lens, seq_lens, last_loc,
+                                   extend_num_tokens)
         new_pages = self._take_token_pages(req.new_pages)
         if new_pages is None:
             return None
@@ -216,13 +233,13 @@ class UnifiedPool:
         last = as_ids(last_loc, "alloc_decode: last_loc")
         if len(seq) <= paged.SMALL_BATCH and len(seq) == len(last):
             # A few requests: checked on Python ints, no PagedRequest.
-            opens = paged.small_decode_opens(self, seq, last)
+            opens = paged.small_decode_opens(self.page_size, self.vids.binds, seq, last)
             if opens is not None:
                 new_pages = self._take_token_pages(opens.count(True))
                 if new_pages is None:
                     return None
                 return self._out(paged.decode_ids_of(last, opens, new_pages, self.page_size))
-        req = paged.decode_request(self, seq, last)
+        req = paged.decode_request(self.page_size, self.vids.binds, seq, last)
         new_pages = self._take_token_pages(req.new_pages)
         if new_pages is None:
             return None
@@ -245,7 +262,7 @@ class UnifiedPool:
             plan = take_all(old, extend, pages, chain.total_bytes)
             if plan is None:
                 fits = lambda: chain.fits_joint(order, pages)  # noqa: E731
-                if not relieve(chain, {i: pages for i in order}, fits, self.counters):
+                if not self._relieve({i: pages for i in order}, fits):
                     return None
                 old = chain.extents()  # the ladder moved pages: plan every band
                 plan = take_all(old, order, pages, chain.total_bytes)
@@ -258,6 +275,27 @@ class UnifiedPool:
             band.bind(v_pages, band.take_holes(pages) if drain else band.adopt(old[i], plan[i]))
         return v_pages
 
+    def _relieve(self, demand: Mapping[int, int], fits) -> bool:
+        """The shortfall ladder, cheapest remedy first: the urgent flushes
+        policy picks, re-check (`fits()`), the float relocation it plans to
+        fit, re-check. Each step leaves every capacity view at least where
+        it was, so a failing ladder never shrinks the room. Never evicts:
+        the caller decides that. `demand`: band index -> pages needed."""
+        chain = self.chain
+        self.counters.ladder_runs += 1
+        chain.flush_bands(flush_targets(chain.extents(), demand), urgent=True)
+        if fits():
+            return True
+        f = chain.float_index()
+        plan = None if f is None else slide_plan(chain.extents(), f, chain.bands[f].holes, demand,
+                                                 chain.total_bytes)
+        if plan is not None:
+            chain.bands[f].relocate(plan)
+            if fits():
+                return True
+        self.counters.ladder_failures += 1
+        return False
+
     def free(self, ids) -> int:
         """Free token ids on every band still binding them; returns page moves.
 
@@ -265,7 +303,7 @@ class UnifiedPool:
         unchanged) for ids out of range or pages not allocated (double free).
         """
         self._require_tokens()
-        pages = self._live_token_pages(ids, "free")
+        pages = paged.live_pages(ids, "free", self.page_size, self.vids.binds)
         moves = 0
         for name in self.token_names:
             band = self.bands[name]
@@ -288,50 +326,11 @@ class UnifiedPool:
         if start_pos is not None:
             start_pos = check_count(start_pos, "release: start_pos")
             t = paged.page_representatives(t, start_pos, self.page_size)
-        pages = self._live_token_pages(t, "release", allow_sink=True, bound_on=target)
+        pages = paged.live_pages(t, "release", self.page_size, self.vids.binds, allow_sink=True,
+                                 bound_v2p=target.v2p)
         moves = self._unbind(target, pages)
         self.vids.drop(pages)
         return moves
-
-    def _live_token_pages(self, ids, op: str, allow_sink: bool = False, bound_on=None) -> np.ndarray:
-        """The distinct virtual pages of token `ids`, all allocated (and of
-        those, the ones band `bound_on` binds, when given)."""
-        t = as_ids(ids, f"{op}: ids")
-        if len(t) <= paged.SMALL_BATCH:
-            pages = self._few_live_token_pages(t, allow_sink, bound_on)
-            if pages is not None:
-                return pages
-        check_range(t, 0, self.vids.size * self.page_size, f"{op}: token ids")
-        pages = _distinct(paged.page_of(t, self.page_size), self.vids.size)
-        if allow_sink and len(pages) and pages[0] == 0:
-            pages = pages[1:]
-        dead = pages[self.vids.binds[pages] <= 0]
-        if len(dead):
-            raise ValueError(f"{op}: virtual pages {few(dead)} are not allocated "
-                             "(never allocated, or already freed)")
-        if bound_on is not None:
-            pages = pages[bound_on.v2p[pages] >= 0]
-        return pages
-
-    def _few_live_token_pages(self, t: np.ndarray, allow_sink: bool, bound_on=None) -> np.ndarray | None:
-        """`_live_token_pages` of a few ids, on Python ints; None when a
-        check fails (the vector path then names the offenders)."""
-        ps, binds = self.page_size, self.vids.binds
-        high = self.vids.size * ps
-        pages = set()
-        for x in t.tolist():
-            if not 0 <= x < high:
-                return None
-            pages.add(x // ps)
-        if allow_sink:
-            pages.discard(0)
-        for v in pages:
-            if binds[v] <= 0:
-                return None
-        if bound_on is not None:
-            v2p = bound_on.v2p
-            return np.array(sorted([v for v in pages if v2p[v] >= 0]), dtype=np.int64)
-        return np.array(sorted(pages), dtype=np.int64)
 
     def _unbind(self, band, v_pages: np.ndarray) -> int:
         if len(v_pages) == 0:
@@ -347,10 +346,10 @@ class UnifiedPool:
         if n == 0:
             return self._out(np.zeros(0, dtype=np.int64))
         fits = lambda: n <= self.chain.band_pages(b.index)  # noqa: E731
-        if not fits() and not relieve(self.chain, {b.index: n}, fits, self.counters):
+        if not fits() and not self._relieve({b.index: n}, fits):
             return None
         ids = self.state_ids[band].take(n)
-        pages = b.take(n)
+        pages = b.take(self.chain.extents(), n)
         if pages is None:
             raise RuntimeError(f"internal: band {band!r} refused {n} slots it reported free")
         b.bind(ids, pages)
@@ -440,12 +439,23 @@ class UnifiedPool:
     def flush(self, urgent: bool = False) -> int:
         """Flush every band (floats absorb, lazy END bands compact); returns
         page moves. The float keeps holes whose absorption would lower
-        `available_size()`."""
-        return flush_chain(self.chain, urgent, self.token_order)
+        `available_size()` (`policy.absorb_keeps_room`)."""
+        chain, order = self.chain, self.token_order
+        f = chain.float_index()
+        moves = chain.flush_bands([i for i in range(len(chain.bands)) if i != f], urgent)
+        if f is None:
+            return moves
+        flt = chain.bands[f]
+        plan = flt.plan_absorb()
+        if plan is not None and order and not absorb_keeps_room(
+                chain.extents(), f, plan, order, chain.joint_pages(order), chain.total_bytes):
+            return moves
+        return moves + flt.flush(urgent)
 
     def make_room(self, side: str | Side, min_bytes: int) -> int:
         """Ask the float band to open `min_bytes` on `side`; bytes now open."""
-        return self._float().make_room(self._side(side), check_count(min_bytes, "min_bytes"))
+        flt = self._float()
+        return flt.make_room(self._side(side), check_count(min_bytes, "min_bytes"), self.chain.extents())
 
     def compact_holes(self, retreat_side: str | Side) -> int:
         """Close every hole of the float band; returns page moves."""
@@ -483,12 +493,23 @@ class UnifiedPool:
         for b in self.chain.bands:
             out += b.violations()
         out += self.chain.memo_violations()
+        out += self._ladder_memo_violations()
         out += self.vids.violations("token") if self.token_names else []
         for name, space in self.state_ids.items():
             out += space.violations(name)
         out += views.binding_violations(self)
         out += self.tables.mirror_violations()
         return out
+
+    def _ladder_memo_violations(self) -> list[str]:
+        """The ladder view's memo (kept in the chain's) equals a recompute."""
+        cached = self.chain.memo.fresh(("ladder", self.token_order))
+        if cached is None or not self.token_names:
+            return []
+        fresh = self._ladder_pages(memo=False)
+        if cached == fresh:
+            return []
+        return [f"[pool] stale capacity memo ladder: cached {cached}, actual {fresh}"]
 
     def live_ids(self, band: str | None = None) -> np.ndarray:
         """Live virtual page ids (ascending): token pages bound on any token
@@ -555,19 +576,3 @@ def _id_wrapper(kind):
 def _as_is(ids: np.ndarray) -> np.ndarray:
     return ids
 
-
-def _distinct(pages: np.ndarray, size: int) -> np.ndarray:
-    """The distinct values of `pages` (all in `[0, size)`), ascending: a
-    sort for few, a presence mask over the id space for many (a whole
-    request's token ids: linear instead of n log n)."""
-    if len(pages) <= 1:
-        return pages
-    if len(pages) >= 2048 and 4 * len(pages) >= size // 16:
-        seen = np.zeros(size, dtype=bool)
-        seen[pages] = True
-        return np.flatnonzero(seen)
-    out = np.sort(pages)  # then drop repeats: several times faster than np.unique
-    new = out[1:] != out[:-1]
-    if new.all():
-        return out
-    return out[np.concatenate(([True], new))]

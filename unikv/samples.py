@@ -7,9 +7,11 @@ Python per step; a `sample()` is only the numbers they are computed from
 ints). `columns` turns a whole run's samples into the same quantities at
 once, as numpy columns: the bytes of `usage()` and the tokens of
 `available_size()`, with the same arithmetic vectorised over the samples
-(the capacity's closed forms for the common chains; any other chain falls
-back to the scalar search, sample by sample). Tests hold every column
-equal to the live calls, sample by sample.
+(the capacity's and the gap's closed forms over columns,
+`extent.joint_pages_columns` / `chain_gap_bytes_columns`, sit beside their
+scalar forms; any other chain falls back to the scalar search, sample by
+sample). Tests hold every column equal to the live calls, sample by sample,
+and each column twin equal to its scalar form.
 """
 
 from __future__ import annotations
@@ -18,7 +20,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from unikv.extent import BUDGET, DOWN, FLOAT, REGION, UP, Extent, joint_pages
+from unikv.extent import (
+    BUDGET,
+    FLOAT,
+    REGION,
+    Extent,
+    chain_gap_bytes_columns,
+    joint_pages,
+    joint_pages_columns,
+)
 
 FIELDS = ("low", "high", "holes", "live", "pending")  # per band, in a sample
 
@@ -58,48 +68,22 @@ def columns(pool, samples: Sequence[tuple[int, ...]]) -> dict[str, np.ndarray]:
                     f"{b.name}_occupied_bytes": high - low,
                     f"{b.name}_low_byte": low, f"{b.name}_high_byte": high})
     out["free_bytes"] = chain.total_bytes - chain.sink_bytes - live_total
-    out["gap_bytes"] = _gap_bytes(ext0, bands, chain.sink_bytes, chain.total_bytes)
+    out["gap_bytes"] = chain_gap_bytes_columns(ext0, bands, chain.sink_bytes, chain.total_bytes)
     out["available_tokens"] = _joint_pages(pool, ext0, bands, table) * pool.page_size
     return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
 
 
-def _gap_bytes(ext0, bands, sink_bytes: int, total_bytes: int) -> np.ndarray:
-    """`extent.chain_gap_bytes`, vectorised."""
-    n = len(bands[0]["low"])
-    if ext0[0].kind is REGION:
-        return sum((e.cap - s["high"]) * e.page_bytes for e, s in zip(ext0, bands))
-    gap = np.zeros(n, dtype=np.int64)
-    top = np.zeros(n, dtype=np.int64)
-    seen = np.zeros(n, dtype=bool)  # a non-transparent band came before
-    for e, s in zip(ext0, bands):
-        if e.kind is BUDGET:
-            continue
-        solid = s["live"] > 0 if e.kind is FLOAT else np.ones(n, dtype=bool)
-        low = s["low"] * e.page_bytes
-        first = low if ext0[0].kind is UP else sink_bytes
-        start = np.where(seen, top, first)
-        gap += np.where(solid, np.maximum(0, low - start), 0)
-        top = np.where(solid, s["high"] * e.page_bytes, top)
-        seen |= solid
-    if ext0[-1].kind is not DOWN:
-        gap += np.where(seen, np.maximum(0, total_bytes - top), 0)
-    return gap
-
-
 def _joint_pages(pool, ext0, bands, table) -> np.ndarray:
-    """`chain.joint_pages(pool.token_order)`, vectorised for an adjacent UP /
-    DOWN pair, budget bands and static regions; else sample by sample."""
+    """`chain.joint_pages(pool.token_order)`: in closed form over the
+    columns where `extent.joint_pages_columns` has one; else sample by
+    sample."""
     order = list(pool.token_order)
     n = len(table)
     if not order:
         return np.zeros(n, dtype=np.int64)
-    kinds = [ext0[i].kind for i in order]
-    if len(order) == 2 and kinds == [UP, DOWN] and order[1] == order[0] + 1:
-        return _facing_pair(ext0[order[0]], bands[order[0]], ext0[order[1]], bands[order[1]])
-    if all(k is BUDGET for k in kinds):
-        return _budget(ext0, bands, order)
-    if all(k is REGION for k in kinds):
-        return np.min([bands[i]["holes"] + ext0[i].cap - bands[i]["high"] for i in order], axis=0)
+    closed = joint_pages_columns(ext0, bands, order)
+    if closed is not None:
+        return closed
     total = pool.chain.total_bytes
     out = np.empty(n, dtype=np.int64)
     prev, pages = None, 0
@@ -110,21 +94,3 @@ def _joint_pages(pool, ext0, bands, table) -> np.ndarray:
             pages, prev = joint_pages(ext, order, total, pages), row
         out[r] = pages
     return out
-
-
-def _facing_pair(u: Extent, su, d: Extent, sd) -> np.ndarray:
-    """`extent.facing_pair_pages`, vectorised."""
-    pu, pd = u.page_bytes, d.page_bytes
-    room_u = np.maximum(0, np.minimum(u.num_pages, sd["low"] * pd // pu) - su["high"])
-    room_d = np.maximum(0, sd["low"] - np.maximum(d.min_page, -(-su["high"] * pu // pd)))
-    hi = np.minimum(su["holes"] + room_u, sd["holes"] + room_d)
-    meet = ((sd["low"] + sd["holes"]) * pd - (su["high"] - su["holes"]) * pu) // (pu + pd)
-    return np.minimum(hi, np.maximum(np.maximum(su["holes"], sd["holes"]), meet))
-
-
-def _budget(ext0, bands, order) -> np.ndarray:
-    """`extent.budget_pages`, vectorised."""
-    bytes_per_n = sum(ext0[i].page_bytes for i in order)
-    grid = np.min([ext0[i].num_pages - ext0[i].min_page - bands[i]["live"] for i in order], axis=0)
-    free = ext0[order[0]].cap - sum(s["live"] * e.page_bytes for e, s in zip(ext0, bands))
-    return np.maximum(0, np.minimum(free // bytes_per_n, grid))

@@ -25,7 +25,7 @@ from hypothesis.stateful import run_state_machine_as_test
 import unikv.extent as extent_mod
 from unikv import UnifiedPool, paged
 from unikv.bands import BandAllocator, EndBand
-from unikv.chain import Chain
+from unikv.chain import EpochMemo
 from unikv.extent import float_region
 from unikv.hazards import Hazards
 from unikv.ids import IdSpace
@@ -83,13 +83,13 @@ def remap_keeps_stale_p2v(mp) -> None:
 def memo_ignores_epoch(mp) -> None:
     """A capacity memo answers whatever epoch it was computed at."""
     def planted(self, key, compute):
-        hit = self._memo.get(key)
+        hit = self.entries.get(key)
         if hit is not None:
             return hit[1]
         value = compute()
-        self._memo[key] = (self.epoch.value, value)
+        self.entries[key] = (self.epoch.value, value)
         return value
-    mp.setattr(Chain, "_memoised", planted)
+    mp.setattr(EpochMemo, "get", planted)
 
 
 def flush_ignores_write_set(mp) -> None:

@@ -109,6 +109,7 @@ def test_facing_pair_closed_form_equals_the_general_search():
         expected = _general_joint_pages(chain, order, total)
         assert facing_pair_pages(chain, order) == expected, (chain, expected)
         assert joint_pages(chain, order, total, hint=rng.randrange(0, 50)) == expected
+        _assert_column_twins(chain, order, total, expected if not middle else None)
     # other shapes are not its business: the search answers them
     assert facing_pair_pages([up(3), flt(40, 50), down(40)], [0, 2]) is None
     assert facing_pair_pages([up(3), down(40)], [1, 0]) is None
@@ -138,7 +139,42 @@ def test_budget_closed_form_equals_the_general_search():
         order = rng.sample(range(len(bands)), rng.randrange(1, len(bands) + 1))
         expected = _general_joint_pages(bands, order, total)
         assert budget_pages(bands, order) == expected, (bands, order, expected)
+        _assert_column_twins(bands, order, total, expected)
     assert budget_pages([up(3), down(40)], [0, 1]) is None
+
+
+def test_region_column_twin_equals_the_scalar_form():
+    import random
+
+    rng = random.Random(5)
+    for _ in range(500):
+        regions, start = [], 1
+        for pb in rng.sample([16, 48, 100, 300], rng.randrange(1, 4)):
+            lo = start
+            cap = lo + rng.randrange(1, 40)
+            fill = rng.randrange(lo, cap + 1)
+            holes = rng.randrange(0, fill - lo + 1)
+            regions.append(Extent(Kind.REGION, pb, 1, 10_000 // pb, lo, fill, holes, fill - lo - holes, cap))
+            start = cap
+        order = rng.sample(range(len(regions)), rng.randrange(1, len(regions) + 1))
+        _assert_column_twins(regions, order, 10_000, joint_pages(regions, order, 10_000))
+
+
+def _assert_column_twins(chain, order, total, expected):
+    """The column twins (`extent.*_columns`, as `unikv.samples` reads a
+    run back) answer a one-row column of `chain` as the scalar forms do:
+    the joint pages `expected` (None: a chain they do not take) and the
+    gap bytes."""
+    import numpy as np
+
+    from unikv.extent import chain_gap_bytes_columns, joint_pages_columns
+
+    cols = [{f: np.array([getattr(e, f)], dtype=np.int64) for f in ("low", "high", "holes", "live")}
+            for e in chain]
+    got = joint_pages_columns(chain, cols, order)
+    assert (None if got is None else int(got[0])) == expected, (chain, order, expected)
+    gap = chain_gap_bytes_columns(chain, cols, 100, total)
+    assert int(np.asarray(gap).reshape(-1)[0]) == chain_gap_bytes(chain, 100, total), chain
 
 
 # -- float relocation plans --

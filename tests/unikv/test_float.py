@@ -61,7 +61,7 @@ def test_empty_float_parks_and_turns_transparent(p):
 
 
 def test_make_room_moves_the_fewest_boundary_pages(p):
-    assert p.bands["swa"].gap_bytes(Side.HIGH) == 3000
+    assert p.bands["swa"].gap_bytes(Side.HIGH, p.chain.extents()) == 3000
     opened = p.make_room("high", 3500)  # need 5 more pages on the high side
     assert opened == 3500
     assert span(p) == (35, 45)

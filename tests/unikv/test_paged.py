@@ -55,6 +55,15 @@ def test_translate_matches_the_reference(ps, mult):
     assert got.tolist() == want.tolist() and got.min() >= 0
 
 
+@pytest.mark.parametrize("ps", [1, 2, 3, 16, 48, 64])
+def test_page_and_slot_of_equal_division_on_every_page_size(ps):
+    """`page_of` / `slot_of` shift and mask for a power-of-two page size,
+    divide otherwise: both paths equal `//` and `%`."""
+    ids = np.random.default_rng(ps).integers(0, 1 << 40, 2000).astype(np.int64)
+    assert (paged.page_of(ids, ps) == ids // ps).all()
+    assert (paged.slot_of(ids, ps) == ids % ps).all()
+
+
 def test_page_representatives_of_a_mid_page_run():
     ids = np.arange(103, 140)  # positions 3.. of a run on page size 16
     reps = paged.page_representatives(ids, 3, 16)
@@ -95,9 +104,10 @@ def test_small_batch_paths_accept_and_reject_like_the_vector_paths(ps, monkeypat
         given = rng.choice([None, total])
 
         def run():  # each lambda below is called at once, inside the loop
-            decode = _outcome(lambda: paged.decode_request(p, seq, last))  # noqa: B023
-            pages = _outcome(lambda: p._live_token_pages(ids, "release", allow_sink=True).tolist())  # noqa: B023
-            extend = _outcome(lambda: paged.extend_request(p, prefix, grown, last, given))  # noqa: B023
+            binds = p.vids.binds
+            decode = _outcome(lambda: paged.decode_request(ps, binds, seq, last))  # noqa: B023
+            pages = _outcome(lambda: paged.live_pages(ids, "release", ps, binds, allow_sink=True).tolist())  # noqa: B023
+            extend = _outcome(lambda: paged.extend_request(ps, binds, prefix, grown, last, given))  # noqa: B023
             if not isinstance(decode, str):
                 decode = (decode.new_pages, decode.total_tokens, decode.opens.tolist(),
                           decode.prefix.tolist())

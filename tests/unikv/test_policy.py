@@ -104,13 +104,14 @@ def test_the_schedulable_view_is_what_the_ladder_realises_with_a_slide():
 
 def test_flush_targets():
     p = pool(three_band(), "lazy")
-    names = lambda bands: [b.name for b in bands]  # noqa: E731
+    def names(q, demand):
+        return [q.chain.bands[i].name for i in flush_targets(q.chain.extents(), demand)]
     # Never the float: its absorption is planned with the relocation.
-    assert names(flush_targets(p.chain, {0: 1})) == ["full"]
-    assert names(flush_targets(p.chain, {1: 2, 2: 2})) == ["mamba", "full"]
+    assert names(p, {0: 1}) == ["full"]
+    assert names(p, {1: 2, 2: 2}) == ["mamba", "full"]
     q = pool(mamba_full(), "lazy")
-    assert names(flush_targets(q.chain, {0: 1})) == ["full"]
-    assert names(flush_targets(q.chain, {1: 1})) == ["mamba"]
+    assert names(q, {0: 1}) == ["full"]
+    assert names(q, {1: 1}) == ["mamba"]
 
 
 def test_the_last_resort_slide_packs_the_float_when_hole_moves_fall_short(monkeypatch):

@@ -255,13 +255,13 @@ def test_usage_agrees_with_occupancy_on_random_states(kind, chain):
 
 def test_distinct_pages_equal_numpy_unique_on_every_path():
     """The pool's dedupe (a sort below 2,048 ids, a presence mask above)."""
-    from unikv.pool import _distinct
+    from unikv.paged import distinct
 
     rng = np.random.default_rng(7)
     for n in (0, 1, 2, 17, 300, 2047, 2048, 5000):
         for high in (3, 50, 9000):
             pages = rng.integers(0, high, n).astype(np.int64)
-            assert _distinct(pages, 9000).tolist() == np.unique(pages).tolist(), (n, high)
+            assert distinct(pages, 9000).tolist() == np.unique(pages).tolist(), (n, high)
 
 
 @pytest.mark.parametrize("chain", ["full|swa", "mamba|swa|full"])

@@ -74,8 +74,8 @@ def test_slide_fits_agrees_with_slide_plan_on_churned_pools(seed):
         order = p.token_order
         for n in rng.sample(range(0, 200), 6):
             demand = {i: n for i in order}
-            request = slide_request(p.chain, ext, demand, holes)
-            plan = slide_plan(p.chain, ext, demand)
+            request = slide_request(ext, f, holes, demand, p.chain.total_bytes)
+            plan = slide_plan(ext, f, p.chain.bands[f].holes, demand, p.chain.total_bytes)
             assert (request is None) == (plan is None)
             if plan is not None:  # the built plan has the counted span, and fits
                 trial = list(ext)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -17,22 +17,21 @@ from unikv.tables import PageTables
 
 EMPTY = np.zeros(0, dtype=np.int64)
 
-if TYPE_CHECKING:
-    from unikv.chain import Chain
-
 
 @dataclass
 class BandContext:
-    """What a band receives from the pool that builds it."""
+    """What a band receives from the pool that builds it (no chain: a call
+    that needs the other bands' extents is handed them)."""
 
     backend: object
     buffer: Any  # the backend's uint8 device array, or None (byte accounting only)
     epoch: Epoch
     hazards: Hazards
-    chain: Chain
     tables: PageTables  # the pool's table arena; this band's tables are named after it
     lazy: bool  # END bands: lazy (True) or eager (False) compaction
     move_cap: int  # most survivor moves one non-urgent flush makes
+    total_bytes: int  # the buffer's size
+    sink_bytes: int  # the buffer's lowest bytes, holding no data
     regions: dict | None = None  # static split: band name -> (low, high) pages
 
 
@@ -75,10 +74,10 @@ class BandAllocator:
     def extent(self) -> Extent:
         raise NotImplementedError
 
-    def take(self, n: int) -> np.ndarray | None:
+    def take(self, chain: Sequence[Extent], n: int) -> np.ndarray | None:
         """Physical pages for `n` new live pages, or None (state unchanged):
-        the holes the chain arithmetic drains, then the fresh frontier pages."""
-        chain = self.chain_extents()
+        the holes the chain arithmetic drains, then the fresh frontier pages.
+        `chain`: every band's extent now (`Chain.extents()`)."""
         new = take(chain, self.index, n, self.total_bytes)
         if new is None:
             return None
@@ -141,10 +140,7 @@ class BandAllocator:
 
     @property
     def total_bytes(self) -> int:
-        return self.ctx.chain.total_bytes
-
-    def chain_extents(self) -> tuple[Extent, ...]:
-        return self.ctx.chain.extents()
+        return self.ctx.total_bytes
 
     def bind(self, v_pages: np.ndarray, p_pages: np.ndarray) -> None:
         self.v2p[v_pages] = p_pages

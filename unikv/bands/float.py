@@ -11,6 +11,8 @@ straight through it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from unikv.bands.base import EMPTY, BandAllocator
@@ -105,33 +107,41 @@ class FloatBand(BandAllocator):
 
     # -- on-demand relocation --
 
-    def gap_bytes(self, side: Side) -> int:
-        gap_low, gap_high = float_gaps(self.chain_extents(), self.index, self.total_bytes)
+    def gap_bytes(self, side: Side, chain: Sequence[Extent]) -> int:
+        """Free bytes between the span's `side` boundary and the neighbour
+        there (`chain`: every band's extent, this one's as now)."""
+        gap_low, gap_high = float_gaps(chain, self.index, self.total_bytes)
         return (gap_low if side is Side.LOW else gap_high) * self.page_bytes
 
-    def make_room(self, side: Side, min_bytes: int, keep_far_bytes: int = 0) -> int:
+    def make_room(self, side: Side, min_bytes: int, chain: Sequence[Extent],
+                  keep_far_bytes: int = 0) -> int:
         """Open >= `min_bytes` of contiguous free bytes on `side` of the span.
 
         Applies `plan_room` (fewest boundary pages moved, the span displaced
-        no further than needed). Settles the in-flight forward before the
-        first copy. Returns the bytes now open on `side` (< `min_bytes` only
-        when impossible; the state is then unchanged).
+        no further than needed) on `chain`, every band's extent now.
+        Settles the in-flight forward before the first copy. Returns the
+        bytes now open on `side` (< `min_bytes` only when impossible; the
+        state is then unchanged).
         """
-        plan = self.plan_room(side, min_bytes, keep_far_bytes)
-        if plan is not None:
-            self.relocate(plan)
-        return self.gap_bytes(side)
+        plan = self.plan_room(side, min_bytes, chain, keep_far_bytes)
+        if plan is None:
+            return self.gap_bytes(side, chain)
+        self.relocate(plan)
+        after = list(chain)
+        after[self.index] = self.extent()  # only this band moved
+        return self.gap_bytes(side, after)
 
-    def plan_room(self, side: Side, min_bytes: int, keep_far_bytes: int = 0,
-                  chain: list | None = None) -> Relocation | None:
-        """Where `make_room` would put the span (nothing changes): see
-        `extent.room_plan`; `keep_far_bytes` of the far gap stay free when
-        the boundary pages can go elsewhere. None when the free pages
-        between the neighbours are too few, or the float is empty."""
+    def plan_room(self, side: Side, min_bytes: int, chain: Sequence[Extent],
+                  keep_far_bytes: int = 0) -> Relocation | None:
+        """Where `make_room` would put the span on `chain` (every band's
+        extent; nothing changes): see `extent.room_plan`; `keep_far_bytes`
+        of the far gap stay free when the boundary pages can go elsewhere.
+        None when the free pages between the neighbours are too few, or the
+        float is empty."""
         if self.live == 0:
             return None
         pages = lambda b: -(-b // self.page_bytes)  # noqa: E731
-        region = float_region(chain or self.chain_extents(), self.index, self.total_bytes)
+        region = float_region(chain, self.index, self.total_bytes)
         return room_plan(self.low, self.high, self.holes.tolist(), region, side,
                          pages(min_bytes), pages(keep_far_bytes))
 

@@ -64,8 +64,7 @@ class BudgetBand(BandAllocator):
 
     def reset(self) -> None:
         self.live = 0
-        chain = self.ctx.chain
-        self._budget_bytes = chain.total_bytes - chain.sink_bytes  # shared by every band
+        self._budget_bytes = self.ctx.total_bytes - self.ctx.sink_bytes  # shared by every band
         # Free page ids as a stack (next-to-take last): O(k) per call.
         g = self.geom
         self._stack = np.arange(g.num_pages - 1, g.min_page - 1, -1, dtype=np.int64)
