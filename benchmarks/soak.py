@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch  # noqa: E402  (the pool runs on it; reported in the stamp)
 
 from unikv import UnifiedPool, __version__  # noqa: E402
 from unikv.backends import SimBackend  # noqa: E402

@@ -17,7 +17,6 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
-from chain_machine import machine_for
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import HypothesisException
 from hypothesis.stateful import run_state_machine_as_test
@@ -29,6 +28,7 @@ from unikv.chain import EpochMemo
 from unikv.extent import float_region
 from unikv.hazards import Hazards
 from unikv.ids import IdSpace
+from unikv.testing.machine import machine_for
 
 # Bounds, not targets: a run stops at its first failure. The hazard plants
 # need an in-flight forward, holes and a non-urgent flush in one step, so

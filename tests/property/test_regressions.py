@@ -2,7 +2,7 @@
 
 Each test states the behaviour the core should have. An open bug's test is
 marked `xfail(strict=True)`: a fix turns it into an XPASS, which fails the
-run; then drop the mark, and the matching `chain_setup.KNOWN_BUGS` entry and
+run; then drop the mark, and the matching `unikv.testing.pools.KNOWN_BUGS` entry and
 guard, so the fuzzer checks that behaviour again. A fixed bug's test stays
 as an ordinary regression test. docs/fuzzing.md describes each bug, its
 cause and the fix.

@@ -1,15 +1,17 @@
-"""The soak driver's checker bites: planted corruptions are reported."""
+"""The random driver and the harness's checkers bite: planted corruptions are
+reported (the conformance machine's own bite is tests/property/test_planted_bugs.py)."""
 
 from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
-import torch
 
 from unikv import UnifiedPool
 from unikv.backends import SimBackend
-from unikv.testing import Driver, make_layout, pattern_rows
+from unikv.backends.sim import SimEvent
+from unikv.testing import Driver, HostEvents, host, host_ids, make_layout, pattern
 
 
 def make_driver(chain: str = "full", page_size: int = 1, mode: str = "lazy", seed: int = 0,
@@ -26,7 +28,7 @@ def joined(violations: list[str]) -> str:
 
 
 def two_live_pages(driver: Driver, band: str = "full") -> tuple[int, int]:
-    pages = torch.unique(torch.nonzero(driver.live[band]).flatten() // driver.ps).tolist()
+    pages = sorted(driver.model.bound(band))
     assert len(pages) >= 2
     return pages[0], pages[-1]
 
@@ -42,10 +44,33 @@ def busy() -> Driver:
     return driver
 
 
-def test_pattern_rows_are_distinct_and_deterministic():
-    rows = pattern_rows(torch.arange(1, 2001), 300)
-    assert len({bytes(r.tolist()) for r in rows}) == 2000
-    assert torch.equal(rows, pattern_rows(torch.arange(1, 2001), 300))
+def test_patterns_are_distinct_and_deterministic():
+    rows = pattern(np.arange(1, 2001), 300)
+    assert rows.dtype == np.uint8 and rows.shape == (2000, 300)
+    assert len({r.tobytes() for r in rows}) == 2000
+    assert np.array_equal(rows, pattern(list(range(1, 2001)), 300))
+    assert rows[258, :8].tobytes() == (259).to_bytes(8, "little")  # the stamp's own bytes first
+    assert pattern([5], 3).tobytes() == (5).to_bytes(8, "little")[:3]
+
+
+def test_host_copies_lists_arrays_and_tensors():
+    import torch
+
+    for ids in ([3, 1], np.array([3, 1]), torch.tensor([3, 1])):
+        out = host_ids(ids)
+        assert out.dtype == np.int64 and out.tolist() == [3, 1]
+    assert host_ids([]).dtype == np.int64 and host_ids([]).size == 0
+    assert host(torch.zeros(2, 3, dtype=torch.uint8)).shape == (2, 3)
+
+
+def test_host_events_wrap_a_backend_but_not_its_events():
+    inner = SimBackend(materialize=True)
+    backend = HostEvents(inner)
+    assert backend.materialized and len(backend.make_buffer(8)) == 8  # delegated
+    event = backend.new_event("fwd")
+    assert isinstance(event, SimEvent) and not backend.event_done(event)
+    backend.wait_event(event)  # a wait on a running forward finishes it
+    assert backend.event_done(event)
 
 
 def test_healthy_random_run_reports_nothing():
@@ -55,16 +80,16 @@ def test_healthy_random_run_reports_nothing():
 
 
 def test_flipped_byte_of_a_live_page(busy):
-    token = int(torch.nonzero(busy.live["full"]).flatten()[-1])
-    slot = int(busy.pool.translate([token], "full"))
+    token = max(busy.model.stamps["full"])
+    slot = int(host_ids(busy.pool.translate([token], "full"))[0])
     busy.pool.buffer_view("full")[slot, 123] ^= 0xFF
     out = joined(busy.check())
     assert "[full] 1 live slots hold wrong bytes" in out and f"virtual [{token}]" in out
 
 
 def test_flipped_byte_of_a_state_slot(busy):
-    sid = int(torch.nonzero(busy.live["mamba"]).flatten()[0])
-    slot = int(busy.pool.translate([sid], "mamba"))
+    sid = min(busy.model.states["mamba"])
+    slot = int(host_ids(busy.pool.translate([sid], "mamba"))[0])
     busy.pool.buffer_view("mamba")[slot, 4999] ^= 1
     assert "[mamba] 1 live slots hold wrong bytes" in joined(busy.check())
 
@@ -75,18 +100,20 @@ def test_swapped_v2p_entries(busy):
     v2p[a], v2p[b] = int(v2p[b]), int(v2p[a])
     out = joined(busy.check())
     assert "[full] v2p and p2v are not inverse" in out and "live slots hold wrong bytes" in out
+    assert "[full] kernel-facing ids" not in out  # translate and kernel ids still agree
 
 
 def test_aliased_pages_overlap(busy):
     a, b = two_live_pages(busy, "swa")
     busy.pool.bands["swa"].v2p[a] = int(busy.pool.bands["swa"].v2p[b])
-    assert "live pages overlap" in joined(busy.check())
+    assert "live slot pairs overlap" in joined(busy.check())
 
 
 def test_page_leaked_behind_the_engines_back(busy):
     busy.free_request(next(iter(busy.reqs)))  # make room: the pool may be full
     assert busy.pool.alloc(16) is not None
-    assert "pool reports" in joined(busy.check())
+    out = joined(busy.check())
+    assert "[full] bound pages differ from the model: pool-only [" in out and "live_bytes" in out
 
 
 def test_move_kernel_that_copies_nothing():
@@ -100,7 +127,8 @@ def test_move_kernel_that_copies_half_a_page():
     backend = driver.pool.backend
 
     def half_move(buffer, page_bytes, src, dst, **kw):
-        rows = buffer[: buffer.numel() // page_bytes * page_bytes].view(-1, page_bytes)
+        flat = np.asarray(buffer)  # shares the buffer's memory (numpy, or a CPU tensor)
+        rows = flat[: flat.size // page_bytes * page_bytes].reshape(-1, page_bytes)
         rows[dst, : page_bytes // 2] = rows[src, : page_bytes // 2]
 
     backend.move_pages = half_move
