@@ -1,12 +1,16 @@
-"""Page-move bandwidth: Triton `move_pages` vs a device-to-device copy of the
-same bytes vs torch indexing `rows[dst] = rows[src]`.
+"""Page-move study: Triton `move_pages` vs a device-to-device copy of the
+same bytes vs torch indexing `rows[dst] = rows[src]`, over page sizes, batch
+shapes (disjoint, sequential, overlapping shifts), tile / warp variants,
+CUDA-graph replay and the host launch path. `bench_kernels.py` times every
+kernel (this one included) in one uniform format; this script goes deeper
+into the move kernel's tuning.
 
 Bandwidth counts bytes read + written (2 x pages x page_bytes) per second.
 Each timing is the median of `triton.testing.do_bench` (which flushes the L2
 between runs). Rows are appended to a long-format CSV (one row per config and
 method) stamped with the GPU, torch, Triton and git revision.
 
-    PYTHONPATH=. python benchmarks/bench_kernels.py --out results/kernels/move_pages.csv
+    python benchmarks/bench_move_pages.py --out results/kernels/move_pages.csv
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ def placement(n: int, gen: torch.Generator, shape: str):
 
 
 def one_config(buf, page_bytes, n, gen, shape, budget_ms, variants, stamp_row):
-    from unikv.kernels import triton_move
+    from unikv.kernels.move import kernel as triton_move
 
     dev = buf.device
     src, dst = (t.to(dev) for t in placement(n, gen, shape))
@@ -117,7 +121,7 @@ def one_config(buf, page_bytes, n, gen, shape, budget_ms, variants, stamp_row):
 
 def check(buf, rows, page_bytes, src, dst, shape) -> bool:
     """The Triton move equals torch indexing on fresh random bytes."""
-    from unikv.kernels import triton_move
+    from unikv.kernels.move import kernel as triton_move
 
     hi = int(max(src.max(), dst.max())) + 1
     buf[: hi * page_bytes].random_(0, 256)
@@ -133,7 +137,7 @@ def launch_overhead(buf, stamp_row, calls: int = 2000) -> list[dict]:
     is the launch path. `triton_raw` calls the jitted kernel directly."""
     import time
 
-    from unikv.kernels import triton_move
+    from unikv.kernels.move import kernel as triton_move
 
     gen = torch.Generator().manual_seed(1)
     page_bytes, n = 4 * KIB, 64
@@ -180,7 +184,7 @@ def main(argv=None) -> int:
                     help="page counts for shapes other than 'disjoint' (default: --pages)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench_kernels: needs a CUDA device", file=sys.stderr)
+        print("bench_move_pages: needs a CUDA device", file=sys.stderr)
         return 2
     row0 = stamp()
     gen = torch.Generator().manual_seed(0)
