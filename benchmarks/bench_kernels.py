@@ -1,12 +1,21 @@
-"""Page-move bandwidth: Triton `move_pages` vs a device-to-device copy of the
-same bytes vs torch indexing `rows[dst] = rows[src]`.
+"""Every kernel, its Triton launcher against its torch reference, as long-format CSV rows.
 
-Bandwidth counts bytes read + written (2 x pages x page_bytes) per second.
-Each timing is the median of `triton.testing.do_bench` (which flushes the L2
-between runs). Rows are appended to a long-format CSV (one row per config and
-method) stamped with the GPU, torch, Triton and git revision.
+One row per (kernel, size, impl): date, device, versions, git revision,
+kernel, impl ("triton" or "torch"), the shape parameters (a `params` string
+and the numeric columns `n`, `page_bytes`, `pages`), bytes touched, median
+microseconds and GB/s, and `ok` (the Triton output equalled the reference's
+on that input before timing). Rows are appended, so one CSV collects runs.
 
-    PYTHONPATH=. python benchmarks/bench_kernels.py --out results/kernels/move_pages.csv
+Timing: CUDA events around each call, the median over `--reps` calls; a
+kernel that changes its tables (free_unbind, remap_moved) gets them restored
+before each call, outside the timed span. Bytes touched: ids and table
+entries read + written (8 bytes each), or 2 x pages x page_bytes for a move.
+
+    python benchmarks/bench_kernels.py --out results/kernels/kernels.csv        # on a GPU
+    python benchmarks/bench_kernels.py --smoke --out /tmp/kernels_smoke.csv     # anywhere
+
+`--smoke` runs tiny sizes; without CUDA it runs the kernels through Triton's
+interpreter (it sets TRITON_INTERPRET=1 before Triton is imported).
 """
 
 from __future__ import annotations
@@ -15,197 +24,218 @@ import argparse
 import csv
 import datetime
 import os
+import platform
+import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-import torch
-
-KIB = 1024
-PAGE_BYTES = [4 * KIB, 16 * KIB, 32 * KIB, 64 * KIB, 256 * KIB, 1024 * KIB]
-PAGES = [64, 256, 1024, 4096, 16384]
-VARIANTS = [(8 * KIB, 4, False), (16 * KIB, 4, False), (32 * KIB, 8, False), (16 * KIB, 4, True),
-            (32 * KIB, 8, True)]
-SHAPES = ["disjoint", "sequential", "shift", "shift1"]
-FIELDS = ["ts", "gpu", "torch", "triton", "git_rev", "bench", "shape", "method", "page_bytes", "pages",
-          "bytes_rw", "time_us", "gbps", "frac_of_copy", "x_vs_index", "time_us_graph", "gbps_graph",
-          "frac_of_copy_graph", "tile_bytes", "num_warps", "ok"]
-
-
-def git_rev() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=False).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
+SIZES = [1024, 16384, 262144]  # ids per table / paged call
+MOVE_SIZES = [(4096, 1024), (65536, 1024), (65536, 16384), (1 << 20, 1024)]  # (page_bytes, pages)
+SMOKE_SIZES = [7]
+SMOKE_MOVE_SIZES = [(100, 7)]
+PAGE_SIZE = 16
+FIELDS = ["date", "device", "torch", "triton", "python", "git_rev", "kernel", "impl", "params", "n",
+          "page_bytes", "pages", "bytes", "time_us", "gbps", "ok"]
 
 
-def stamp() -> dict:
+@dataclass
+class Case:
+    """One kernel at one size: a call per impl, and the bytes it touches.
+
+    `restore` (if any) puts the inputs back before each timed call;
+    `result` turns a call's return value (and mutated state) into a tensor
+    or tuple of tensors to compare between the impls.
+    """
+
+    kernel: str
+    params: dict
+    bytes_moved: int
+    calls: dict[str, Callable[[], object]]
+    restore: Callable[[], None] | None = None
+    result: Callable[[object], object] = field(default=lambda out: out)
+    check_restore: Callable[[], None] | None = None  # before each call of the check only (default: restore)
+
+
+# -- inputs --
+
+
+def _tables(n: int, dev, gen):
+    """Tables of 4n virtual and physical pages, the first n bound at random;
+    returns (v2p, p2v, bound v, bound p, free v, free p)."""
+    import torch
+
+    size = 4 * n + 1
+    v = torch.randperm(size - 1, generator=gen)[: 2 * n] + 1
+    p = torch.randperm(size - 1, generator=gen)[: 2 * n] + 1
+    v2p = torch.full((size,), -1, dtype=torch.int64)
+    p2v = torch.full((size,), -1, dtype=torch.int64)
+    v2p[v[:n]], p2v[p[:n]] = p[:n], v[:n]
+    return [t.to(dev) for t in (v2p, p2v, v[:n], p[:n], v[n:], p[n:])]
+
+
+def _paged_inputs(bs: int, dev, gen, decode: bool):
+    """(prefix, seq, last_loc, new_pages) of a batch: decode adds one token,
+    extend 1-64 tokens to prefixes of 0-4096."""
+    import torch
+
+    from unikv.kernels.paged import reference
+
+    prefix = torch.randint(0, 4096, (bs,), generator=gen)
+    seq = prefix + (1 if decode else torch.randint(1, 65, (bs,), generator=gen))
+    last = torch.randint(1, 1 << 20, (bs,), generator=gen) * PAGE_SIZE + (prefix - 1) % PAGE_SIZE
+    count = int(reference.new_page_counts(prefix, seq, PAGE_SIZE).sum())
+    pages = torch.randperm(1 << 22, generator=gen)[:count] + 1
+    return [t.to(dev) for t in (prefix, seq, last, pages)]
+
+
+# -- cases, one builder per kernel --
+
+
+def table_cases(n: int, dev, gen) -> list[Case]:
+    from unikv.kernels.tables import kernel, reference
+
+    v2p, p2v, v, p, free_v, free_p = _tables(n, dev, gen)
+    saved = (v2p.clone(), p2v.clone())
+
+    def restore():
+        v2p.copy_(saved[0])
+        p2v.copy_(saved[1])
+
+    state = lambda out: tuple(t.clone() for t in (out, v2p, p2v) if t is not None)  # noqa: E731
+    src, dst = p, free_p  # survivors to free physical pages
+    cases = []
+    for name, nbytes, call in [
+        ("bind", 32 * n, lambda m: m.bind(free_v, free_p, v2p, p2v)),
+        ("alloc_bind", 32 * n, lambda m: m.alloc_bind(free_v, 4 * n + 1 - n, v2p, p2v)),
+        ("free_unbind", 40 * n, lambda m: m.free_unbind(v, v2p, p2v)),
+        ("remap_moved", 64 * n, lambda m: m.remap_moved(src, dst, v2p, p2v)),
+    ]:
+        calls = {"triton": lambda c=call: c(kernel), "torch": lambda c=call: c(reference)}
+        cases.append(Case(name, {"n": n}, nbytes, calls, restore, state))
+    return cases
+
+
+def translate_cases(n: int, dev, gen) -> list[Case]:
+    import torch
+
+    from unikv.kernels.translate import kernel, reference
+
+    v2p = _tables(n, dev, gen)[0]
+    tokens = torch.randint(0, v2p.numel() * PAGE_SIZE, (n,), generator=gen).to(dev)
+    calls = {"triton": lambda: kernel.translate(tokens, v2p, PAGE_SIZE, 2),
+             "torch": lambda: reference.translate(tokens, v2p, PAGE_SIZE, 2)}
+    return [Case("translate", {"n": n, "page_size": PAGE_SIZE, "multiplier": 2}, 24 * n, calls)]
+
+
+def paged_cases(bs: int, dev, gen) -> list[Case]:
+    from unikv.kernels.paged import kernel, reference
+
+    _, seq, last, pages = _paged_inputs(bs, dev, gen, decode=True)
+    decode = {"triton": lambda: kernel.paged_decode(seq, last, pages, PAGE_SIZE),
+              "torch": lambda: reference.paged_decode(seq, last, pages, PAGE_SIZE)}
+    prefix, seq_e, last_e, pages_e = _paged_inputs(bs, dev, gen, decode=False)
+    total = int((seq_e - prefix).sum())
+    extend = {
+        "triton": lambda: kernel.paged_extend(prefix, seq_e, last_e, pages_e, PAGE_SIZE, total_tokens=total),
+        "torch": lambda: reference.paged_extend(prefix, seq_e, last_e, pages_e, PAGE_SIZE, total_tokens=total),
+    }
+    params = {"n": bs, "page_size": PAGE_SIZE}
+    return [Case("paged_decode", params, 8 * (3 * bs + pages.numel()), decode),
+            Case("paged_extend", {**params, "tokens": total}, 8 * (3 * bs + pages_e.numel() + total), extend)]
+
+
+def move_cases(page_bytes: int, pages: int, dev, gen) -> list[Case]:
+    import torch
+
+    from unikv.kernels.move import kernel, reference
+
+    buf = torch.empty(2 * pages * page_bytes, dtype=torch.uint8, device=dev).random_(0, 256)
+    saved = buf.clone()
+    perm = torch.randperm(2 * pages, generator=gen)
+    src, dst = perm[:pages].to(dev), perm[pages:].to(dev)  # disjoint random pages
+    calls = {"triton": lambda: kernel.move_pages(buf, page_bytes, src, dst, disjoint=True),
+             "torch": lambda: reference.move_pages(buf, page_bytes, src, dst)}
+    params = {"page_bytes": page_bytes, "pages": pages, "shape": "disjoint"}
+    # A disjoint move repeats the same copy: only the check restores the bytes.
+    return [Case("move_pages", params, 2 * pages * page_bytes, calls, result=lambda _: buf.clone(),
+                 check_restore=lambda: buf.copy_(saved))]
+
+
+# -- timing and rows --
+
+
+def time_us(fn, restore, reps: int, cuda: bool) -> float:
+    """Median microseconds of `fn` over `reps` calls (after two warm-ups)."""
+    import torch
+
+    samples = []
+    for i in range(reps + 2):
+        if restore:
+            restore()
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            us = start.elapsed_time(end) * 1e3
+        else:
+            t0 = time.perf_counter()
+            fn()
+            us = (time.perf_counter() - t0) * 1e6
+        if i >= 2:
+            samples.append(us)
+    return statistics.median(samples)
+
+
+def agree(case: Case) -> bool:
+    """Whether the Triton call gives the reference's result from equal inputs."""
+    import torch
+
+    got = []
+    restore = case.check_restore or case.restore
+    for impl in ("triton", "torch"):
+        if restore:
+            restore()
+        got.append(case.result(case.calls[impl]()))
+    flat = [x if isinstance(x, tuple) else (x,) for x in got]
+    return all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(*flat))
+
+
+def run_case(case: Case, reps: int, cuda: bool, stamp: dict) -> list[dict]:
+    ok = agree(case)
+    rows = []
+    for impl, fn in case.calls.items():
+        us = time_us(fn, case.restore, reps, cuda)
+        rows.append({**stamp, "kernel": case.kernel, "impl": impl,
+                     "params": ";".join(f"{k}={v}" for k, v in case.params.items()),
+                     "n": case.params.get("n", ""), "page_bytes": case.params.get("page_bytes", ""),
+                     "pages": case.params.get("pages", ""), "bytes": case.bytes_moved,
+                     "time_us": round(us, 3), "gbps": round(case.bytes_moved / us / 1e3, 3),
+                     "ok": ok if impl == "triton" else ""})
+    return rows
+
+
+def stamp_row(cuda: bool) -> dict:
+    import torch
     import triton
 
-    return {"ts": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "git_rev": git_rev()}
-
-
-def bench(fn, budget_ms: float) -> float:
-    """Median microseconds of `fn` (events, L2 flushed between runs)."""
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=max(5, budget_ms / 4), rep=budget_ms, return_mode="median") * 1e3
-
-
-def bench_graph(fn, budget_ms: float) -> float:
-    """Median microseconds of `fn` replayed from a CUDA graph: device time
-    without the Python launch cost (the L2 is not flushed between replays)."""
-    from triton.testing import do_bench_cudagraph
-
-    return do_bench_cudagraph(fn, rep=budget_ms, return_mode="median") * 1e3
-
-
-def placement(n: int, gen: torch.Generator, shape: str):
-    """(src, dst) page indices: disjoint random pages; disjoint sequential
-    runs (the copy's access pattern); a run shifted down over itself by a
-    quarter of its length (4 disjoint waves) or by one page (staged)."""
-    if shape == "disjoint":
-        perm = torch.randperm(2 * n, generator=gen)
-        return perm[:n], perm[n:]
-    if shape == "sequential":
-        return torch.arange(n), torch.arange(n, 2 * n)
-    d = max(1, n // 4) if shape == "shift" else 1
-    src = torch.arange(d, d + n)
-    return src, src - d
-
-
-def one_config(buf, page_bytes, n, gen, shape, budget_ms, variants, stamp_row):
-    from unikv.kernels import triton_move
-
-    dev = buf.device
-    src, dst = (t.to(dev) for t in placement(n, gen, shape))
-    rows = buf[: (buf.numel() // page_bytes) * page_bytes].view(-1, page_bytes)
-    nbytes = n * page_bytes
-    copy_src, copy_dst = buf[:nbytes], buf[nbytes:2 * nbytes]
-    methods = {"copy": lambda: copy_dst.copy_(copy_src),
-               "torch_index": lambda: rows.__setitem__(dst, rows[src])}
-    disjoint = shape in ("disjoint", "sequential")
-    if disjoint:
-        methods["triton"] = lambda: triton_move.move_pages(buf, page_bytes, src, dst, disjoint=True)
-        methods["triton_checked"] = lambda: triton_move.move_pages(buf, page_bytes, src, dst)
-        for tile, warps, stream in variants:
-            methods[f"triton_t{tile // KIB}k_w{warps}{'_cs' if stream else ''}"] = (
-                lambda t=tile, w=warps, c=stream: triton_move.move_pages(
-                    buf, page_bytes, src, dst, disjoint=True, tile_bytes=t, num_warps=w, streaming=c))
-    else:
-        methods["triton"] = lambda: triton_move.move_pages(buf, page_bytes, src, dst)
-    ok = check(buf, rows, page_bytes, src, dst, shape) if nbytes <= (2 << 30) else ""
-    times = {m: bench(fn, budget_ms) for m, fn in methods.items()}
-    graphed = {m: bench_graph(fn, budget_ms) for m, fn in methods.items()
-               if m == "copy" or (m.startswith("triton") and m != "triton_checked" and disjoint)}
-    out = []
-    for m, t in times.items():
-        tile, warps = (m.split("_t")[1].split("_cs")[0].split("k_w") if "_t" in m and "_w" in m else ("", ""))
-        out.append({**stamp_row, "bench": "move_pages", "shape": shape, "method": m, "page_bytes": page_bytes,
-                    "pages": n, "bytes_rw": 2 * nbytes, "time_us": round(t, 3),
-                    "gbps": round(2 * nbytes / t / 1e3, 1), "frac_of_copy": round(times["copy"] / t, 3),
-                    "x_vs_index": round(times["torch_index"] / t, 2),
-                    "time_us_graph": round(graphed[m], 3) if m in graphed else "",
-                    "gbps_graph": round(2 * nbytes / graphed[m] / 1e3, 1) if m in graphed else "",
-                    "frac_of_copy_graph": round(graphed["copy"] / graphed[m], 3) if m in graphed else "",
-                    "tile_bytes": int(tile) * KIB if tile else "", "num_warps": warps,
-                    "ok": ok if m.startswith("triton") else ""})
-    return out
-
-
-def check(buf, rows, page_bytes, src, dst, shape) -> bool:
-    """The Triton move equals torch indexing on fresh random bytes."""
-    from unikv.kernels import triton_move
-
-    hi = int(max(src.max(), dst.max())) + 1
-    buf[: hi * page_bytes].random_(0, 256)
-    want = rows[:hi].clone()
-    want[dst] = want[src]
-    triton_move.move_pages(buf, page_bytes, src, dst, disjoint=True if shape in ("disjoint", "sequential") else None)
-    return bool(torch.equal(rows[:hi], want))
-
-
-def launch_overhead(buf, stamp_row, calls: int = 2000) -> list[dict]:
-    """Host microseconds per call of each method on a tiny move (4 KiB x 64),
-    back to back, one synchronize at the end; the GPU work is ~1 us, so this
-    is the launch path. `triton_raw` calls the jitted kernel directly."""
-    import time
-
-    from unikv.kernels import triton_move
-
-    gen = torch.Generator().manual_seed(1)
-    page_bytes, n = 4 * KIB, 64
-    src, dst = (t.cuda() for t in placement(n, gen, "disjoint"))
-    rows = buf[: (buf.numel() // page_bytes) * page_bytes].view(-1, page_bytes)
-    flat, width = triton_move.word_view(buf, page_bytes)
-    t = triton_move.tiling(page_bytes // width, width)
-    grid = t.grid(n)
-    methods = {
-        "copy": lambda: buf[n * page_bytes:2 * n * page_bytes].copy_(buf[:n * page_bytes]),
-        "torch_index": lambda: rows.__setitem__(dst, rows[src]),
-        "triton": lambda: triton_move.move_pages(buf, page_bytes, src, dst, disjoint=True),
-        "triton_raw": lambda: triton_move._copy_rows_kernel[grid](
-            flat, flat, src, dst, n, page_bytes // width, t.chunks_per_row, ROWS=t.rows, BLOCK=t.block,
-            STREAMING=False, num_warps=t.num_warps),
-        "triton_checked": lambda: triton_move.move_pages(buf, page_bytes, src, dst),
-    }
-    out = []
-    for m, fn in methods.items():
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        us = (time.perf_counter() - t0) / calls * 1e6
-        print(f"launch path {m:15} {us:8.2f} us/call", flush=True)
-        out.append({**stamp_row, "bench": "launch_overhead", "shape": "disjoint", "method": m,
-                    "page_bytes": page_bytes, "pages": n, "bytes_rw": 2 * n * page_bytes, "time_us": round(us, 3)})
-    return out
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results/kernels/move_pages.csv")
-    ap.add_argument("--page-bytes", type=int, nargs="*", default=PAGE_BYTES)
-    ap.add_argument("--pages", type=int, nargs="*", default=PAGES)
-    ap.add_argument("--budget-ms", type=float, default=40.0, help="do_bench rep time per method")
-    ap.add_argument("--variants", action="store_true", help="also time tile / warp variants")
-    ap.add_argument("--launch", action="store_true", help="also time the host launch path of a tiny move")
-    ap.add_argument("--shapes", nargs="*", default=["disjoint"], choices=SHAPES)
-    ap.add_argument("--shape-pages", type=int, nargs="*", default=None,
-                    help="page counts for shapes other than 'disjoint' (default: --pages)")
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_kernels: needs a CUDA device", file=sys.stderr)
-        return 2
-    row0 = stamp()
-    gen = torch.Generator().manual_seed(0)
-    need = 2 * max(args.pages) * max(args.page_bytes) + max(args.page_bytes)
-    buf = torch.empty(need, dtype=torch.uint8, device="cuda")
-    buf.random_(0, 256)
-    rows = launch_overhead(buf, row0) if args.launch else []
-    for shape in args.shapes:
-        for pb in args.page_bytes:
-            for n in (args.pages if shape == "disjoint" or not args.shape_pages else args.shape_pages):
-                variants = VARIANTS if args.variants and n in (1024, 16384) else []
-                got = one_config(buf, pb, n, gen, shape, args.budget_ms, variants, row0)
-                rows += got
-                by = {r["method"]: r for r in got}
-                print(f"{shape:8} {pb // KIB:5d} KiB x {n:6d}: triton {by['triton']['gbps']:7.1f} GB/s "
-                      f"copy {by['copy']['gbps']:7.1f} index {by['torch_index']['gbps']:7.1f} "
-                      f"-> {by['triton']['frac_of_copy']:.2f} of copy, {by['triton']['x_vs_index']:.1f}x index "
-                      f"| graph {by['triton']['gbps_graph'] or '-'} vs {by['copy']['gbps_graph']} "
-                      f"ok={by['triton']['ok']}", flush=True)
-    write_rows(args.out, rows)
-    summarize(rows)
-    return 0
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             check=False).stdout.strip() or "unknown"
+    except OSError:
+        rev = "unknown"
+    device = torch.cuda.get_device_name() if cuda else "cpu (Triton interpreter)"
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": device, "torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(), "git_rev": rev}
 
 
 def write_rows(path: str, rows: list[dict]) -> None:
+    """Append `rows` to the CSV at `path` (header when the file is new)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     new = not os.path.exists(path)
     with open(path, "a", newline="") as f:
@@ -215,23 +245,51 @@ def write_rows(path: str, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
-def summarize(rows: list[dict]) -> None:
-    target = [r for r in rows if r["method"] == "triton" and r["shape"] == "disjoint"
-              and r["pages"] >= 1024 and r["page_bytes"] >= 32 * KIB]
-    if target:
-        worst_copy = min(target, key=lambda r: r["frac_of_copy"])
-        worst_index = min(target, key=lambda r: r["x_vs_index"])
-        worst_graph = min(target, key=lambda r: r["frac_of_copy_graph"])
-        print(f"target region, graph-replayed: worst {worst_graph['frac_of_copy_graph']:.2f} of copy "
-              f"({worst_graph['page_bytes'] // KIB} KiB x {worst_graph['pages']})")
-        print(f"target region (>=1024 pages of >=32 KiB): worst {worst_copy['frac_of_copy']:.2f} of copy "
-              f"({worst_copy['page_bytes'] // KIB} KiB x {worst_copy['pages']}), worst "
-              f"{worst_index['x_vs_index']:.1f}x index ({worst_index['page_bytes'] // KIB} KiB x "
-              f"{worst_index['pages']})")
-    variants = [r for r in rows if r["method"].startswith("triton_t")]
-    for r in variants:
-        print(f"variant {r['method']:18} {r['page_bytes'] // KIB:5d} KiB x {r['pages']:6d}: {r['gbps']:7.1f} GB/s"
-              f" (graph {r['gbps_graph']})")
+def all_cases(sizes, move_sizes, dev, gen):
+    """Every kernel's cases (built lazily: one size's inputs live at a time)."""
+    for n in sizes:
+        yield from table_cases(n, dev, gen)
+        yield from translate_cases(n, dev, gen)
+        yield from paged_cases(n, dev, gen)
+    for page_bytes, pages in move_sizes:
+        yield from move_cases(page_bytes, pages, dev, gen)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="results/kernels/kernels.csv")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes; the Triton interpreter without CUDA")
+    ap.add_argument("--sizes", type=int, nargs="*", default=None, help="ids per call (table and paged kernels)")
+    ap.add_argument("--reps", type=int, default=None, help="timed calls per (case, impl)")
+    args = ap.parse_args(argv)
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.smoke:
+        print("bench_kernels: needs a CUDA device (or --smoke)", file=sys.stderr)
+        return 2
+    if not cuda:
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            print("bench_kernels: Triton was imported before TRITON_INTERPRET=1 could be set", file=sys.stderr)
+            return 2
+        os.environ["TRITON_INTERPRET"] = "1"  # before the kernels import Triton
+    sizes = args.sizes or (SMOKE_SIZES if args.smoke else SIZES)
+    move_sizes = SMOKE_MOVE_SIZES if args.smoke else MOVE_SIZES
+    reps = args.reps or (3 if args.smoke else 50)
+    gen = torch.Generator().manual_seed(0)
+    stamp = stamp_row(cuda)
+    rows = []
+    for case in all_cases(sizes, move_sizes, torch.device("cuda" if cuda else "cpu"), gen):
+        got = run_case(case, reps, cuda, stamp)
+        rows += got
+        t, r = got[0], got[1]
+        print(f"{case.kernel:13} {t['params']:40} triton {t['time_us']:10.2f} us {t['gbps']:9.2f} GB/s"
+              f" | torch {r['time_us']:10.2f} us | ok={t['ok']}", flush=True)
+    write_rows(args.out, rows)
+    bad = [r for r in rows if r["ok"] is False]
+    if bad:
+        print(f"bench_kernels: {len(bad)} cases where Triton differed from the reference", file=sys.stderr)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -175,11 +175,12 @@ def test_lockstep_on_a_side_stream():
 
 def test_lockstep_without_triton(monkeypatch):
     """Without Triton the backend runs torch versions of every kernel."""
-    import unikv.kernels
+    import importlib
 
-    for name in ("triton_tables", "triton_move", "triton_paged"):
-        monkeypatch.setitem(sys.modules, f"unikv.kernels.{name}", None)
-        monkeypatch.delattr(unikv.kernels, name, raising=False)
+    for op in ("move", "translate", "tables", "paged"):
+        package = importlib.import_module(f"unikv.kernels.{op}")
+        monkeypatch.setitem(sys.modules, f"unikv.kernels.{op}.kernel", None)
+        monkeypatch.delattr(package, "kernel", raising=False)
     backend = CudaBackend("cuda" if torch.cuda.is_available() else "cpu")
     assert backend.ops.triton is False
     Lockstep(backend, "lazy", seed=3).run(steps=60)

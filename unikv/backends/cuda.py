@@ -5,7 +5,7 @@ page tables on the device (one upload + one scatter launch per commit),
 moves pages with the Triton move kernel and translates ids on the device.
 Triton is imported when the backend is built, never by `import
 unikv.backends`. Without Triton the backend still runs, on the torch
-versions of every kernel (`unikv.kernels.reference`). On a CPU device
+versions of its kernels (`unikv.kernels.<operator>.reference`). On a CPU device
 (`CudaBackend(device="cpu")`) the Triton launchers run their kernels through
 Triton's interpreter when the process imported Triton with
 `TRITON_INTERPRET=1`, else the torch references; events are then always done.
@@ -25,15 +25,17 @@ import torch
 def _kernel_ops() -> SimpleNamespace:
     """The Triton launchers, or torch fallbacks when Triton is missing."""
     try:
-        from unikv.kernels import triton_move, triton_tables
+        from unikv.kernels.move import kernel as move_kernel
+        from unikv.kernels.translate import kernel as translate_kernel
     except ImportError:
-        from unikv.kernels import reference
+        from unikv.kernels.move import reference as move_reference
+        from unikv.kernels.translate import reference as translate_reference
 
         def move(buffer, page_bytes, src, dst, disjoint=None):
-            reference.move_pages(buffer, page_bytes, src, dst)
+            move_reference.move_pages(buffer, page_bytes, src, dst)
 
-        return SimpleNamespace(triton=False, translate=reference.translate, move_pages=move)
-    return SimpleNamespace(triton=True, translate=triton_tables.translate, move_pages=triton_move.move_pages)
+        return SimpleNamespace(triton=False, translate=translate_reference.translate, move_pages=move)
+    return SimpleNamespace(triton=True, translate=translate_kernel.translate, move_pages=move_kernel.move_pages)
 
 
 class DoneEvent:
@@ -167,7 +169,7 @@ class CudaBackend:
 
     def move_pages(self, buffer, page_bytes: int, src: np.ndarray, dst: np.ndarray,
                    disjoint: bool | None = None) -> None:
-        """Copy page rows `src -> dst` (see `triton_move.move_pages`); the
+        """Copy page rows `src -> dst` (see `unikv.kernels.move.kernel`); the
         page lists travel in one upload, and an overlapping move is planned
         from the host lists (no device read)."""
         if buffer is None or len(src) == 0:

@@ -1,7 +1,7 @@
 """Shared plumbing of the Triton launchers: dispatch and argument checks.
 
-Importing this module never imports Triton. The `triton_*` kernel modules
-import it at their top, so only code that calls a Triton launcher needs it.
+Importing this module never imports Triton. The `<operator>/kernel.py`
+modules import it at their top, so only code that calls a Triton launcher needs it.
 
 Dispatch: a launcher runs its Triton kernel when the tensors live on a CUDA
 device, or when the kernels were decorated by Triton's interpreter (the
@@ -12,15 +12,6 @@ tensors. Otherwise (CPU tensors, compiled Triton) it runs the torch reference.
 from __future__ import annotations
 
 import torch
-
-
-def triton_available() -> bool:
-    """Whether Triton imports in this process."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def interpreted(kernel) -> bool:

@@ -1,15 +1,16 @@
 """Triton page-move kernel: copy page rows `src[i] -> dst[i]` of one band's grid.
 
-Contract (same as `reference.move_pages`): the result is as if every source
-row were read before any destination row is written, so an overlapping
-ordered shift is allowed.
+Contract (same as `unikv.kernels.move.reference.move_pages`): the result is
+as if every source row were read before any destination row is written, so
+an overlapping ordered shift is allowed.
 
 How: a disjoint batch (no source is also a destination) is one launch that
 grids over (page groups x chunks of a page) and copies with the widest word
 the page size and the buffer's alignment allow (int64 words make 16-byte
 vector loads when rows are 16-byte aligned). An overlapping batch is planned
-on the host (`triton_move_plan`): disjoint waves for long shifts, or rounds
-of at most three launches that stage through a temp buffer for short ones.
+on the host (`unikv.kernels.move.plan`): disjoint waves for long shifts, or
+rounds of at most three launches that stage through a temp buffer for short
+ones.
 Deciding needs the page lists on the host: one device->host read unless the
 caller passes `disjoint=True`.
 """
@@ -24,7 +25,6 @@ import torch
 import triton
 import triton.language as tl
 
-from unikv.kernels import reference
 from unikv.kernels.launch import (
     cdiv,
     check_positive,
@@ -36,7 +36,8 @@ from unikv.kernels.launch import (
     interpreted,
     next_pow2,
 )
-from unikv.kernels.triton_move_plan import Copy, plan_moves
+from unikv.kernels.move import reference
+from unikv.kernels.move.plan import Copy, plan_moves
 
 STAGE_BYTES = 256 << 20  # most bytes one staging round holds in its temp buffer
 TILE_BYTES = 16 << 10  # bytes one program copies

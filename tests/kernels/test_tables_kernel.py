@@ -1,16 +1,17 @@
-"""Triton page-table kernels against their torch references."""
+"""unikv.kernels.tables.kernel: the Triton page-table kernels against their torch references."""
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from unikv.kernels import reference, triton_tables  # noqa: E402
+from unikv.kernels.tables import kernel as triton_tables  # noqa: E402
+from unikv.kernels.tables import reference  # noqa: E402
 
-COUNTS = [0, 1, 7, 300]
+COUNTS = [0, 1, 7, 301, 1025]  # 1025 > one program's BLOCK
 
 
-def bound_tables(n_bound: int, gen, device, v_size: int = 700, p_size: int = 650):
+def bound_tables(n_bound: int, gen, device, v_size: int = 2701, p_size: int = 2650):
     """Tables with `n_bound` random pairs bound (sink entries 0 <-> 0), and
     the bound virtual / physical pages."""
     v2p = torch.full((v_size,), -1, dtype=torch.int64)
@@ -46,7 +47,7 @@ def test_bind(n, gen, device):
 @pytest.mark.parametrize("n", COUNTS)
 @pytest.mark.parametrize("start_on_device", [False, True])
 def test_alloc_bind(n, start_on_device, gen, device):
-    v2p, p2v, _, _ = bound_tables(0, gen, device, p_size=1000)
+    v2p, p2v, _, _ = bound_tables(0, gen, device, p_size=2000)
     v = free_pages(v2p, n, gen)
     start = 317
     ref = (v2p.clone(), p2v.clone())
@@ -60,7 +61,7 @@ def test_alloc_bind(n, start_on_device, gen, device):
 
 @pytest.mark.parametrize("n", COUNTS)
 def test_free_unbind(n, gen, device):
-    v2p, p2v, v, _ = bound_tables(400, gen, device)
+    v2p, p2v, v, _ = bound_tables(1100, gen, device)
     freed = v[torch.randperm(v.numel(), generator=gen)[:n].to(device)]
     ref = (v2p.clone(), p2v.clone())
     want = reference.free_unbind(freed, *ref)
@@ -72,8 +73,7 @@ def test_free_unbind(n, gen, device):
 @pytest.mark.parametrize("n", COUNTS)
 @pytest.mark.parametrize("shape", ["disjoint", "shift", "permutation"])
 def test_remap_moved(n, shape, gen, device):
-    p_size = 700
-    v2p, p2v, _, p = bound_tables(320, gen, device, p_size=p_size)
+    v2p, p2v, _, p = bound_tables(1200, gen, device)
     src = p[:n]
     if shape == "disjoint":
         dst = free_pages(p2v, n, gen)
@@ -91,19 +91,6 @@ def test_remap_moved(n, shape, gen, device):
     assert_tables(ref, (v2p, p2v))
 
 
-@pytest.mark.parametrize("n", COUNTS)
-@pytest.mark.parametrize("page_size,multiplier", [(1, 1), (16, 1), (16, 6), (5, 3)])
-def test_translate(n, page_size, multiplier, gen, device):
-    v2p, _, _, _ = bound_tables(300, gen, device)
-    v2p[torch.randperm(700, generator=gen)[:100].to(device)] = -1  # tombstones
-    tokens = torch.randint(0, 700 * page_size, (n,), generator=gen).to(device)
-    want = reference.translate(tokens, v2p, page_size, multiplier)
-    got = triton_tables.translate(tokens, v2p, page_size, multiplier)
-    assert torch.equal(got.cpu(), want.cpu())
-    if n:
-        assert int(got.min()) >= 0  # tombstones land in the sink
-
-
 def test_checks_name_the_argument(device):
     v2p = torch.full((10,), -1, dtype=torch.int64, device=device)
     p2v = v2p.clone()
@@ -116,10 +103,22 @@ def test_checks_name_the_argument(device):
         triton_tables.free_unbind(ids.view(1, 3), v2p, p2v)
     with pytest.raises(ValueError, match="v2p must be contiguous"):
         triton_tables.remap_moved(ids, ids, torch.full((20,), -1, dtype=torch.int64, device=device)[::2], p2v)
-    with pytest.raises(ValueError, match="page_size=0"):
-        triton_tables.translate(ids, v2p, 0)
     with pytest.raises(ValueError, match="start=-1"):
         triton_tables.alloc_bind(ids, -1, v2p, p2v)
-    if device.type == "cuda":
+    with pytest.raises(ValueError, match="start has 2 elements"):
+        triton_tables.alloc_bind(ids, ids[:2], v2p, p2v)
+    with pytest.raises(ValueError, match="v_pages must be a torch.Tensor"):
+        triton_tables.free_unbind([1, 2], v2p, p2v)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_checks_name_the_devices():
+    v2p = torch.full((10,), -1, dtype=torch.int64, device="cuda")
+    p2v, ids = v2p.clone(), torch.arange(3, device="cuda")
+    for call in (lambda: triton_tables.bind(ids.cpu(), ids, v2p, p2v),
+                 lambda: triton_tables.alloc_bind(ids, torch.tensor([0]), v2p, p2v),
+                 lambda: triton_tables.free_unbind(ids, v2p, p2v.cpu()),
+                 lambda: triton_tables.remap_moved(ids, ids.cpu(), v2p, p2v)):
         with pytest.raises(ValueError, match="different devices"):
-            triton_tables.bind(ids.cpu(), ids, v2p, p2v)
+            call()

@@ -1,8 +1,8 @@
-"""Triton page-table kernels: bind, alloc_bind, free_unbind, remap_moved, translate.
+"""Triton page-table kernels: bind, alloc_bind, free_unbind, remap_moved.
 
-Each launcher keeps the contract of its torch reference (`reference.py`,
-`reference.py` for `alloc_bind`), checks shapes, dtypes and
-devices with ValueErrors, and never reads device memory on the host (no
+Each launcher keeps the contract of its torch reference
+(`unikv.kernels.tables.reference`), checks shapes, dtypes and devices with
+one-line ValueErrors, and never reads device memory on the host (no
 device->host sync). Virtual and physical page ids in one call are assumed
 unique, as the allocator guarantees (checking it would need a host read).
 """
@@ -13,10 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from unikv.kernels import reference
 from unikv.kernels.launch import (
     cdiv,
-    check_positive,
     check_same_device,
     check_same_length,
     check_table,
@@ -25,6 +23,7 @@ from unikv.kernels.launch import (
     fast_ok,
     runs_triton,
 )
+from unikv.kernels.tables import reference
 
 BLOCK = 1024  # ids per program: table kernels are tiny scatters
 
@@ -80,19 +79,6 @@ def _remap_scatter_kernel(dst_ptr, v_ptr, v2p_ptr, p2v_ptr, n, BLOCK: tl.constex
     v = tl.load(v_ptr + offs, mask=mask, other=-1)
     tl.store(p2v_ptr + d, v, mask=mask)
     tl.store(v2p_ptr + v, d, mask=mask & (v >= 0))
-
-
-@triton.jit
-def _translate_kernel(t_ptr, v2p_ptr, out_ptr, n, v2p_size, page_size, scale, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    t = tl.load(t_ptr + offs, mask=mask, other=0)
-    page = t // page_size
-    off = t - page * page_size
-    inside = mask & (page >= 0) & (page < v2p_size)
-    phys = tl.load(v2p_ptr + page, mask=inside, other=-1)
-    ids = phys * scale + off
-    tl.store(out_ptr + offs, tl.where(phys < 0, tl.zeros_like(ids), ids), mask=mask)
 
 
 def _tables(op: str, v2p: torch.Tensor, p2v: torch.Tensor, **ids: torch.Tensor) -> None:
@@ -194,31 +180,3 @@ def remap_moved(src: torch.Tensor, dst: torch.Tensor, v2p: torch.Tensor, p2v: to
     _remap_gather_kernel[grid](contiguous(src), v, p2v, n, BLOCK=BLOCK)
     _remap_scatter_kernel[grid](contiguous(dst), v, v2p, p2v, n, BLOCK=BLOCK)
     return v
-
-
-def translate(v_tokens: torch.Tensor, v2p: torch.Tensor, page_size: int, multiplier: int = 1) -> torch.Tensor:
-    """Virtual token ids -> physical slot ids, or kernel-facing ids with
-    `multiplier` = blocks per page; tombstones (-1) -> 0 (the sink). See
-    `reference.translate`; ids whose page lies outside `v2p` also give 0
-    (the reference raises an index error there).
-
-    Raises:
-        ValueError: for non-int64 or non-1-D ids, mixed devices, a
-            non-contiguous table, or a non-positive page_size / multiplier.
-    """
-    op = "translate"
-    if not fast_ok(v_tokens, v2p):
-        check_tensor(v_tokens, "v_tokens", op)
-        check_table(v2p, "v2p", op)
-        check_same_device(op, v_tokens=v_tokens, v2p=v2p)
-    check_positive(page_size, "page_size", op)
-    check_positive(multiplier, "multiplier", op)
-    n = int(v_tokens.numel())
-    if n == 0:
-        return torch.empty(0, dtype=torch.int64, device=v2p.device)
-    if not runs_triton(_translate_kernel, v2p):
-        return reference.translate(v_tokens, v2p, page_size, multiplier)
-    out = torch.empty(n, dtype=torch.int64, device=v2p.device)
-    _translate_kernel[(cdiv(n, BLOCK),)](contiguous(v_tokens), v2p, out, n, v2p.numel(), page_size,
-                                        page_size * multiplier, BLOCK=BLOCK)
-    return out

@@ -1,13 +1,14 @@
-"""Triton paged_decode / paged_extend against their torch references."""
+"""unikv.kernels.paged.kernel: the Triton paged_decode / paged_extend against their torch references."""
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from unikv.kernels import reference, triton_paged  # noqa: E402
+from unikv.kernels.paged import kernel as triton_paged  # noqa: E402
+from unikv.kernels.paged import reference  # noqa: E402
 
-COUNTS = [0, 1, 7, 300]
+COUNTS = [0, 1, 7, 301, 1025]  # 1025 > one step of the scans (SCAN_BLOCK)
 PAGE_SIZES = [1, 5, 16]
 
 
@@ -70,3 +71,10 @@ def test_checks(device):
         triton_paged.paged_decode(seq.float(), seq, seq, 16)
     with pytest.raises(ValueError, match="total_tokens=-1"):
         triton_paged.paged_extend(seq, seq, seq, seq, 16, total_tokens=-1)
+    with pytest.raises(ValueError, match="new_pages has shape"):
+        triton_paged.paged_extend(seq, seq, seq, seq.view(2, 1), 16)
+    with pytest.raises(ValueError, match="prefix_lens must be a torch.Tensor"):
+        triton_paged.paged_extend([3, 4], seq, seq, seq, 16)
+    if device.type == "cuda":
+        with pytest.raises(ValueError, match="different devices"):
+            triton_paged.paged_decode(seq, seq.cpu(), seq, 16)

@@ -1,7 +1,7 @@
 """Triton paged-alloc kernels: `paged_decode` and `paged_extend`.
 
-Same outputs as `reference.paged_decode` / `reference.paged_extend` (tail
-page reuse in virtual id space): a request's new tokens first fill the free
+Same outputs as the torch references in `unikv.kernels.paged.reference`
+(tail-page reuse in virtual id space): a request's new tokens first fill the free
 slots after `last_loc` on its last page, then take the fresh virtual pages
 `new_pages`, consumed request by request in batch order.
 
@@ -18,7 +18,6 @@ import torch
 import triton
 import triton.language as tl
 
-from unikv.kernels import reference
 from unikv.kernels.launch import (
     cdiv,
     check_positive,
@@ -30,6 +29,7 @@ from unikv.kernels.launch import (
     next_pow2,
     runs_triton,
 )
+from unikv.kernels.paged import reference
 
 SCAN_BLOCK = 1024  # requests per step of the one-program scans
 TOKEN_BLOCK = 256  # output tokens per program of paged_extend
