@@ -137,10 +137,11 @@ class HardwareSpec:
                 raise ValueError(f"coefficients.{name} must be an object with a 'value'")
             values[name] = entry["value"]
             provenance[name] = {k: v for k, v in entry.items() if k != "value"}
-        description = data.get("description", "")
-        if not isinstance(description, str):
-            raise ValueError(f"description={description!r} must be a string")
-        return cls(name=data.get("name"), description=description, provenance=provenance, **values)
+        label, description = data.get("name"), data.get("description", "")
+        if not isinstance(label, str) or not isinstance(description, str):
+            bad = "name" if not isinstance(label, str) else "description"
+            raise ValueError(f"{bad}={data.get(bad)!r} must be a string")
+        return cls(name=label, description=description, provenance=provenance, **values)
 
     def as_dict(self) -> dict[str, Any]:
         """Every coefficient with its provenance, in the hardware file schema
@@ -155,7 +156,8 @@ class HardwareSpec:
             raise ValueError(f"HardwareSpec.with_: unknown coefficients {bad}; valid: {list(COEFFICIENTS)}")
         marked = {k: {"source": f"override of {self.name}'s {self.provenance[k]['source']!r}"}
                   for k in coefficients}
-        return replace(self, **coefficients, provenance={**self.provenance, **marked})
+        changes: dict[str, Any] = {**coefficients, "provenance": {**self.provenance, **marked}}
+        return replace(self, **changes)
 
 
 def hardware_names() -> list[str]:
