@@ -7,15 +7,16 @@ source of defaults.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import sys
-import time
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pandas as pd
+from tqdm import tqdm
 from unikv.sim.config import COMPACTIONS, LAYOUTS, OVERSIZE, RunConfig, SchedulerConfig
 from unikv.sim.layouts import applicable_kinds
 from unikv.sim.models import load_model
@@ -69,24 +70,39 @@ def _config(args: argparse.Namespace, **override) -> RunConfig:
     return RunConfig(**values, scheduler=SchedulerConfig(**sched))
 
 
-class Progress:
-    """A one-line progress bar on stderr."""
+@contextlib.contextmanager
+def progress_bar(label: str, *, show: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A tqdm bar of finished requests on stderr while one replay runs.
 
-    def __init__(self, label: str) -> None:
-        self.label, self.t0, self.last = label, time.perf_counter(), 0.0
+    Yields `run`'s `progress` callback `(done, total)`, or None when not
+    `show` (no bar and no per-request callback); the bar closes on exit.
+    """
+    if not show:
+        yield None
+        return
+    bar = tqdm(desc=label, unit="req", file=sys.stderr, mininterval=0.2, dynamic_ncols=True)
 
-    def __call__(self, done: int, total: int) -> None:
-        now = time.perf_counter()
-        if done < total and now - self.last < 0.2:
-            return
-        self.last = now
-        width = 30
-        fill = int(width * done / max(1, total))
-        sys.stderr.write(f"\r{self.label} [{'#' * fill}{'.' * (width - fill)}] "
-                         f"{done}/{total} requests, {now - self.t0:5.1f} s")
-        if done >= total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+    def update(done: int, total: int) -> None:
+        if bar.total != total:
+            bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        yield update
+    finally:
+        bar.close()
+
+
+def show_progress(quiet: bool) -> bool:
+    """Draw progress bars: only on a terminal, and never with --quiet."""
+    return not quiet and sys.stderr.isatty()
+
+
+def _add_quiet(parser: argparse.ArgumentParser, prints: str) -> None:
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help=f"no progress bars and no {prints} on stdout: only errors and invariant violations "
+                             "(on stderr); the output files and the exit status are the same. Progress bars "
+                             "are drawn only when stderr is a terminal")
 
 
 SUMMARY_ROWS = [
@@ -110,7 +126,7 @@ SUMMARY_ROWS = [
 def print_summary(summary: dict, identity: dict, wall_s: float) -> None:
     print(f"\n{identity['model']} | layout {identity['layout']} {identity['bands']} | "
           f"{identity['compaction']} | {identity['kv_budget_bytes'] / 2**30:.1f} GiB | "
-          f"page {identity['page_size']} | {Path(identity['trace']).name}")
+          f"page {identity['page_size']} | {identity['hardware']['name']} | {Path(identity['trace']).name}")
     for label, fmt in SUMMARY_ROWS:
         try:
             value = fmt(summary)
@@ -131,22 +147,27 @@ def replay(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--format", choices=("parquet", "csv"), default="parquet")
     parser.add_argument("--no-oracle", action="store_true", help="skip the oracle run (no capacity efficiency)")
     parser.add_argument("--no-figures", action="store_true")
+    _add_quiet(parser, "summary")
     args = parser.parse_args(argv)
+    show = show_progress(args.quiet)
     try:
         config = _config(args)
-        result = run(config, progress=Progress(config.layout))
+        with progress_bar(config.layout, show=show) as progress:
+            result = run(config, progress=progress)
         if not args.no_oracle and config.layout != "oracle":
-            oracle = run(config.with_(layout="oracle"), progress=Progress("oracle"))
+            with progress_bar("oracle", show=show) as progress:
+                oracle = run(config.with_(layout="oracle"), progress=progress)
             result.summary.update(capacity_efficiency(result.summary, oracle.summary))
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out = write_run(result, args.out, args.format)
-    print_summary(result.summary, result.identity, result.wall_s)
-    if not args.no_figures:
-        for path in run_figures(out):
+    figures = [] if args.no_figures else run_figures(out)
+    if not args.quiet:
+        print_summary(result.summary, result.identity, result.wall_s)
+        for path in figures:
             print(f"  figure: {path}")
-    print(f"  tables and summary: {out}")
+        print(f"  tables and summary: {out}")
     if result.violations:
         print(f"  INVARIANT VIOLATIONS: {result.violations[:5]}", file=sys.stderr)
         return 1
@@ -185,7 +206,9 @@ def compare(argv: Sequence[str] | None = None) -> int:
                         help="extra static split ratios to sweep (the default ratio always runs)")
     parser.add_argument("--out", type=Path, default=Path("runs/compare"))
     parser.add_argument("--format", choices=("parquet", "csv"), default="parquet")
+    _add_quiet(parser, "comparison table")
     args = parser.parse_args(argv)
+    show = show_progress(args.quiet)
     tables = []
     try:
         base = _config(args, layout="oracle")
@@ -200,7 +223,8 @@ def compare(argv: Sequence[str] | None = None) -> int:
                 layouts.append("oracle")
             results = {}
             for label, c in grid(cfg, layouts, args.compactions, [None] + list(args.static_ratios)):
-                results[label] = run(c, progress=Progress(label if len(models) == 1 else f"{model} {label}"))
+                with progress_bar(label if len(models) == 1 else f"{model} {label}", show=show) as progress:
+                    results[label] = run(c, progress=progress)
                 sub = args.out if len(models) == 1 else args.out / model
                 write_run(results[label], sub / label.replace("/", "_").replace("@", "_"), args.format)
             tables.append((model, comparison_table(results), any(r.violations for r in results.values())))
@@ -215,9 +239,10 @@ def compare(argv: Sequence[str] | None = None) -> int:
                                             if _has_tabulate() else table.to_string(index=False))
     comparison(table, args.out / "comparison.png", f"{', '.join(m for m, _, _ in tables)} | "
                                                    f"{Path(str(base.trace)).name}")
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(table.to_string(index=False))
-    print(f"\nwritten: {args.out / 'comparison.csv'}, comparison.md, comparison.png")
+    if not args.quiet:
+        with pd.option_context("display.width", 200, "display.max_columns", 20):
+            print(table.to_string(index=False))
+        print(f"\nwritten: {args.out / 'comparison.csv'}, comparison.md, comparison.png")
     return 1 if any(bad for _, _, bad in tables) else 0
 
 

@@ -73,6 +73,9 @@ class RunConfig:
             bucket spread).
         check_every: verify pool invariants and page accounting every N
             steps (0: never; tests use 1).
+        hardware: the accelerator's cost coefficients: a bundled name
+            (`sim.cost.hardware_names()`) or a hardware JSON file
+            (`HardwareSpec.load`; docs/cost_model.md).
     """
 
     trace: str = _opt("azure_conv", "bundled sample name or trace file path")
@@ -92,6 +95,7 @@ class RunConfig:
     oversize: str = _opt("error", "a request that can never fit: stop before the run, or reject it")
     seed: int = _opt(0, "seed of sampled trace transforms (Poisson arrivals, spread)")
     check_every: int = _opt(0, "verify pool invariants every N steps (0: never)")
+    hardware: str = _opt("h200", "bundled hardware name (h200) or a hardware JSON file (docs/cost_model.md)")
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
@@ -106,6 +110,8 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name}={value!r} must be > 0 or None")
+        if not isinstance(self.hardware, str) or not self.hardware:
+            raise ValueError(f"hardware={self.hardware!r} must be a bundled hardware name or a file path")
         for name in ("page_size", "max_context_tokens", "max_requests"):
             value = getattr(self, name)
             if (value is not None or name == "page_size") and (not isinstance(value, int) or value < 1):

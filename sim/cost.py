@@ -1,4 +1,4 @@
-"""Step-time cost model of one engine step on an H200-class GPU.
+"""Step-time cost model of one engine step on one GPU, and its hardware coefficients.
 
     step = overhead + max(compute, hbm) + move
     compute = 2 * params_active * tokens / (peak_flops * mfu)
@@ -7,36 +7,34 @@
 
 A roofline: a step is bound by its matmul FLOPs or by the bytes it reads,
 plus the page moves compaction made (each moved byte read once and written
-once; `move_bytes_per_s` counts read + written bytes). Every coefficient, its
-source and its caveats are in docs/cost_model.md.
+once; `move_bytes_per_s` counts read + written bytes). The coefficients are
+package data with their provenance (`HardwareSpec.h200()`); each one's
+source and caveats are in docs/cost_model.md.
 """
 
 from __future__ import annotations
 
-import csv
+import json
 import math
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from unikv.sim.models import ModelSpec
 
-_H200_SOURCES = {
-    "peak_flops": "NVIDIA H200 SXM: BF16 Tensor Core 1,979 TFLOPS with 2:4 sparsity, so 989 TFLOPS "
-                  "dense (docs/cost_model.md)",
-    "hbm_bytes_per_s": "NVIDIA H200 SXM: 4.8 TB/s HBM3e",
-    "mfu": "assumption: typical achieved fraction of dense peak for prefill GEMMs",
-    "mbu": "assumption: well-tuned serving stacks reach ~60-85% of peak bandwidth in decode",
-    "move_bytes_per_s": "project measurement on its H200: device-to-device copy ~4.3 TB/s "
-                        "(bytes read + written)",
-    "step_overhead_s": "assumption: scheduler + launch overhead per step, not measured",
-}
+COEFFICIENTS = ("peak_flops", "hbm_bytes_per_s", "mfu", "mbu", "move_bytes_per_s", "step_overhead_s")
+"""The numbers the cost model uses, in the order of a hardware file's `coefficients`."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class HardwareSpec:
-    """One accelerator's cost coefficients (defaults: one NVIDIA H200 SXM).
+    """One accelerator's cost coefficients, each with where it came from.
+
+    The bundled accelerators are package data (`sim/data/hardware/<name>.json`,
+    `HardwareSpec.h200()`, `HardwareSpec.load(name_or_path)`); there are no
+    defaults in code, so a checkout and a wheel install charge the same.
 
     Attributes:
         name: a label for results tables.
@@ -46,47 +44,129 @@ class HardwareSpec:
         mbu: achievable fraction of hbm_bytes_per_s (0, 1].
         move_bytes_per_s: page-move bandwidth, bytes read + written per second.
         step_overhead_s: fixed time per step (scheduling, launches), seconds.
-        sources: where each coefficient came from.
+        provenance: per coefficient, where it came from: at least `source`
+            (a sentence), and for measured ones the benchmark, command,
+            machine, date, file and rows it was derived from.
+        description: one line about the accelerator.
     """
 
-    name: str = "H200-SXM"
-    peak_flops: float = 989e12
-    hbm_bytes_per_s: float = 4.8e12
-    mfu: float = 0.5
-    mbu: float = 0.7
-    move_bytes_per_s: float = 4.3e12
-    step_overhead_s: float = 2e-3
-    sources: Mapping[str, str] = field(default_factory=lambda: dict(_H200_SOURCES), hash=False)
+    name: str
+    peak_flops: float
+    hbm_bytes_per_s: float
+    mfu: float
+    mbu: float
+    move_bytes_per_s: float
+    step_overhead_s: float
+    provenance: Mapping[str, Mapping[str, Any]] = field(hash=False)
+    description: str = ""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"HardwareSpec: name={self.name!r} must be a non-empty string")
         for name in ("peak_flops", "hbm_bytes_per_s", "move_bytes_per_s"):
             _check_number(name, getattr(self, name), low=0.0, open_low=True)
         for name in ("mfu", "mbu"):
             _check_number(name, getattr(self, name), low=0.0, open_low=True, high=1.0)
         _check_number("step_overhead_s", self.step_overhead_s, low=0.0)
-        object.__setattr__(self, "sources", dict(self.sources))
+        for name in COEFFICIENTS:
+            entry = self.provenance.get(name) if isinstance(self.provenance, Mapping) else None
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("source"), str):
+                raise ValueError(f"HardwareSpec: provenance of {name} must be an object with a 'source' string")
+        object.__setattr__(self, "provenance", {k: dict(self.provenance[k]) for k in COEFFICIENTS})
 
     @classmethod
-    def from_results(cls, path: str | Path = "results/kernels", *, impl: str | None = None,
-                     **overrides) -> HardwareSpec:
-        """Defaults (plus `overrides`), with move_bytes_per_s from a measured CSV if present.
+    def h200(cls) -> HardwareSpec:
+        """One NVIDIA H200 SXM (`sim/data/hardware/h200.json`)."""
+        return cls.load("h200")
 
-        `path` is a CSV file or a folder of them (long format with columns
-        'impl', 'page_bytes', 'pages', 'bytes_per_s'; an 'op'/'kernel'/'bench'
-        column, if any, must say move_pages). Rows of `impl` (default: the
-        impl with the highest median bandwidth) at the largest transfer
-        (page_bytes x pages) give the median bytes_per_s. A missing file or
-        column, or no usable row, keeps the default.
+    @classmethod
+    def load(cls, name_or_path: str | Path) -> HardwareSpec:
+        """A bundled accelerator by name (`hardware_names()`), or a hardware JSON file.
+
+        A string naming no bundled accelerator is read as a path. The file's
+        schema is the bundled files' (docs/cost_model.md): `name`,
+        `description`, and `coefficients` mapping each of COEFFICIENTS to
+        `{"value": number, "source": "...", ...provenance}`.
+
+        Raises:
+            ValueError: an unknown name, a file that is not JSON, or a field
+                missing, unknown or out of range (the message names it).
         """
-        hw = cls(**overrides)
-        if "move_bytes_per_s" in overrides:
-            return hw
-        found = _measured_move_bandwidth(Path(path), impl)
-        if found is None:
-            return hw
-        value, where = found
-        return replace(hw, move_bytes_per_s=value,
-                       sources=hw.sources | {"move_bytes_per_s": f"measured: {where}"})
+        if isinstance(name_or_path, str) and name_or_path in hardware_names():
+            text = _hardware_dir().joinpath(f"{name_or_path}.json").read_text()
+            where = f"bundled hardware {name_or_path!r}"
+        else:
+            path = Path(name_or_path)
+            if not path.is_file():
+                raise ValueError(f"hardware {str(name_or_path)!r} is neither a bundled name "
+                                 f"{hardware_names()} nor a file")
+            text, where = path.read_text(), f"hardware file {str(path)!r}"
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: not JSON ({exc})") from None
+        try:
+            return cls.from_dict(data)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HardwareSpec:
+        """The spec `as_dict()` wrote (the hardware file schema).
+
+        Raises:
+            ValueError: a missing, unknown or out-of-range field, named.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError("the top level must be a JSON object")
+        unknown = sorted(set(data) - {"name", "description", "coefficients"})
+        if unknown:
+            raise ValueError(f"unknown fields {unknown}; valid: ['name', 'description', 'coefficients']")
+        coeffs = data.get("coefficients")
+        if not isinstance(coeffs, Mapping):
+            raise ValueError("missing field 'coefficients'" if coeffs is None
+                             else f"coefficients={coeffs!r} must be an object")
+        missing = [c for c in COEFFICIENTS if c not in coeffs]
+        extra = sorted(set(coeffs) - set(COEFFICIENTS))
+        if missing or extra:
+            raise ValueError(f"coefficients: missing {missing}" if missing else f"unknown coefficients {extra}")
+        values, provenance = {}, {}
+        for name in COEFFICIENTS:
+            entry = coeffs[name]
+            if not isinstance(entry, Mapping) or "value" not in entry:
+                raise ValueError(f"coefficients.{name} must be an object with a 'value'")
+            values[name] = entry["value"]
+            provenance[name] = {k: v for k, v in entry.items() if k != "value"}
+        label, description = data.get("name"), data.get("description", "")
+        if not isinstance(label, str) or not isinstance(description, str):
+            bad = "name" if not isinstance(label, str) else "description"
+            raise ValueError(f"{bad}={data.get(bad)!r} must be a string")
+        return cls(name=label, description=description, provenance=provenance, **values)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every coefficient with its provenance, in the hardware file schema
+        (`from_dict(spec.as_dict()) == spec`); written into every summary.json."""
+        return {"name": self.name, "description": self.description,
+                "coefficients": {c: {"value": getattr(self, c), **self.provenance[c]} for c in COEFFICIENTS}}
+
+    def with_(self, **coefficients: float) -> HardwareSpec:
+        """A copy with some coefficients replaced, their provenance saying so."""
+        bad = sorted(set(coefficients) - set(COEFFICIENTS))
+        if bad:
+            raise ValueError(f"HardwareSpec.with_: unknown coefficients {bad}; valid: {list(COEFFICIENTS)}")
+        marked = {k: {"source": f"override of {self.name}'s {self.provenance[k]['source']!r}"}
+                  for k in coefficients}
+        changes: dict[str, Any] = {**coefficients, "provenance": {**self.provenance, **marked}}
+        return replace(self, **changes)
+
+
+def hardware_names() -> list[str]:
+    """The bundled accelerators (`sim/data/hardware/*.json`), by name."""
+    return sorted(p.name[:-len(".json")] for p in _hardware_dir().iterdir() if p.name.endswith(".json"))
+
+
+def _hardware_dir():
+    return resources.files("unikv.sim").joinpath("data").joinpath("hardware")
 
 
 def _check_number(name: str, value, *, low: float, open_low: bool = False,
@@ -96,53 +176,6 @@ def _check_number(name: str, value, *, low: float, open_low: bool = False,
     if not ok:
         bound = f"in ({low}, {high}]" if high < math.inf else (f"> {low}" if open_low else f">= {low}")
         raise ValueError(f"HardwareSpec: {name}={value!r} must be a finite number {bound}")
-
-
-def _measured_move_bandwidth(path: Path, impl: str | None) -> tuple[float, str] | None:
-    files = sorted(path.glob("*.csv")) if path.is_dir() else [path] if path.is_file() else []
-    rows = [row for f in files for row in _move_rows(f)]
-    if not rows:
-        return None
-    by_impl: dict[str, list] = {}
-    for row in rows:
-        by_impl.setdefault(row[0], []).append(row)
-    if impl is None:  # the project's own move kernel when measured, else the fastest
-        impl = "triton" if "triton" in by_impl else max(
-            by_impl, key=lambda k: statistics.median(r[2] for r in by_impl[k]))
-    chosen = by_impl.get(impl)
-    if not chosen:
-        return None
-    largest = max(r[1] for r in chosen)
-    value = statistics.median(r[2] for r in chosen if r[1] == largest)
-    return value, f"{', '.join(map(str, files))} impl={impl} at {largest} bytes per move"
-
-
-def _move_rows(path: Path) -> list[tuple[str, int, float]]:
-    """(impl, page_bytes * pages, bytes_per_s) of the move_pages rows of one CSV."""
-    try:
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            cols = set(reader.fieldnames or ())
-            impl_col = next((c for c in ("impl", "method") if c in cols), None)
-            bw_col = next((c for c in ("bytes_per_s", "gbps") if c in cols), None)
-            if impl_col is None or bw_col is None or not {"page_bytes", "pages"} <= cols:
-                return []
-            scale = 1e9 if bw_col == "gbps" else 1.0  # bench_kernels.py writes GB/s
-            op_col = next((c for c in ("op", "kernel", "bench") if c in cols), None)
-            out = []
-            for row in reader:
-                if op_col and "move" not in str(row[op_col]):
-                    continue
-                try:
-                    size = int(float(row["page_bytes"])) * int(float(row["pages"]))
-                    bw = float(row[bw_col]) * scale
-                except (TypeError, ValueError):
-                    continue
-                if bw > 0 and math.isfinite(bw):
-                    out.append((row[impl_col], size, bw))
-            return out
-    except (OSError, UnicodeDecodeError, csv.Error):
-        return []
 
 
 @dataclass(frozen=True)

@@ -181,6 +181,7 @@ def run(config: RunConfig, *, progress: Callable[[int, int], None] | None = None
 
 def _run(config, progress, trace_df, hw) -> RunResult:
     t0 = time.perf_counter()
+    hw = hw or cost_model.HardwareSpec.load(config.hardware)  # first: a bad file fails before the replay
     df = load_trace(config) if trace_df is None else trace_df
     model = load_model(config.model)
     plan = build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
@@ -192,7 +193,6 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     use_cache = config.scheduler.prefix_cache and block and "prefix_hashes" in df.columns
     memory = Memory(pool, window_tokens=model.window_tokens if model.swa_layers else None,
                     block_tokens=int(block) if use_cache else None, meta_tokens=model.meta_tokens)
-    hw = hw or cost_model.HardwareSpec.from_results(Path(__file__).resolve().parents[1] / "results" / "kernels")
     sim = Simulation(
         reqs, memory, step_cost=cost_model.EngineStepCost(model, hw), kv_bytes=KVRead(model),
         max_running=config.scheduler.max_running,
@@ -207,6 +207,7 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     summary = summarize(steps, requests, pool.stats())
     summary["max_request_tokens"] = limit
     identity = _identity(config, df, model, plan)
+    identity["hardware"] = hw.as_dict()  # every coefficient the run was charged at, with its provenance
     return RunResult(config, identity, steps, requests, summary, sim.violations,
                      time.perf_counter() - t0)
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from unikv._version import installed_version
 from unikv.demo import run_demo
 
 
@@ -24,6 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return getattr(sim_cli, argv[0])(argv[1:])
     parser = argparse.ArgumentParser(prog="unikv", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"unikv {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="drive a 3-band pool and print its occupancy")
     demo.add_argument("--compaction", choices=["lazy", "eager"], default="lazy")

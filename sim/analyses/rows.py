@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-from functools import lru_cache
-from pathlib import Path
 
 import pandas as pd
 from unikv.sim.run import RunResult
@@ -62,7 +60,7 @@ def result_row(result: RunResult) -> dict:
     row.update(band_demand(result.steps))
     # All bytes moved over the run, charged at the cost model's move bandwidth:
     # the engine's per-step move_time_s misses moves made while freeing (eager).
-    row["move_time_all_s"] = 2 * row["moved_bytes"] / _move_bytes_per_s()
+    row["move_time_all_s"] = 2 * row["moved_bytes"] / _move_bytes_per_s(result.identity)
     busy = s.get("busy_time_s") or math.nan
     row["compaction_overhead_all"] = row["move_time_all_s"] / busy
     row.update(wall_s=result.wall_s, violations=len(result.violations),
@@ -70,9 +68,11 @@ def result_row(result: RunResult) -> dict:
     return row
 
 
-@lru_cache(maxsize=1)
-def _move_bytes_per_s() -> float:
-    from unikv.sim import cost
+def _move_bytes_per_s(identity: dict | None = None) -> float:
+    """The page-move bandwidth a run was charged at (its identity's hardware,
+    bytes read + written per second); no identity: the bundled H200's."""
+    if identity is None:
+        from unikv.sim.cost import HardwareSpec
 
-    results = Path(__file__).resolve().parents[2] / "results" / "kernels"
-    return cost.HardwareSpec.from_results(results).move_bytes_per_s
+        return HardwareSpec.h200().move_bytes_per_s
+    return identity["hardware"]["coefficients"]["move_bytes_per_s"]["value"]

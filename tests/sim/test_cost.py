@@ -3,18 +3,21 @@
 import dataclasses
 
 import pytest
-from unikv.sim.cost import HardwareSpec, step_cost, step_time_s
+from unikv.sim.cost import COEFFICIENTS, HardwareSpec, step_cost, step_time_s
 from unikv.sim.models import ModelSpec, load_model
 
-H200 = HardwareSpec()
+H200 = HardwareSpec.h200()
+MOVE = H200.move_bytes_per_s  # the measured page-move bandwidth (sim/data/hardware/h200.json)
 LLAMA = load_model("llama-3.1-8b")  # 8,030,261,248 params, bf16 weights
 BASE = dict(prefill_tokens=0, decode_tokens=64, kv_bytes_read=10**9, moved_bytes=0)
 
 
-def test_defaults_are_the_documented_h200_figures():
-    assert (H200.peak_flops, H200.hbm_bytes_per_s, H200.move_bytes_per_s) == (989e12, 4.8e12, 4.3e12)
-    assert set(H200.sources) >= {"peak_flops", "hbm_bytes_per_s", "mfu", "mbu",
-                                 "move_bytes_per_s", "step_overhead_s"}
+def test_the_bundled_h200_is_the_documented_figures_each_with_a_source():
+    assert (H200.peak_flops, H200.hbm_bytes_per_s, H200.mfu, H200.mbu, H200.move_bytes_per_s,
+            H200.step_overhead_s) == (989e12, 4.8e12, 0.5, 0.7, 3.9609e12, 2e-3)
+    assert set(H200.provenance) == set(COEFFICIENTS)
+    assert all(p["source"] for p in H200.provenance.values())
+    assert H200.provenance["move_bytes_per_s"]["file"] == "results/kernels/move_pages.csv"
 
 
 def test_decode_step_is_memory_bound_by_hand():
@@ -28,13 +31,13 @@ def test_decode_step_is_memory_bound_by_hand():
 def test_long_prefill_is_compute_bound_and_moves_add():
     args = dict(BASE, prefill_tokens=8192, decode_tokens=0, moved_bytes=4 * 10**9)
     compute = 2 * 8_030_261_248 * 8192 / (989e12 * 0.5)
-    move = 2 * 4e9 / 4.3e12
+    move = 2 * 4e9 / MOVE
     assert step_time_s(LLAMA, H200, **args) == pytest.approx(2e-3 + compute + move)
 
 
 def test_a_step_without_tokens_costs_only_its_moves():
     args = dict(prefill_tokens=0, decode_tokens=0, kv_bytes_read=0, moved_bytes=10**9)
-    assert step_time_s(LLAMA, H200, **args) == pytest.approx(2e9 / 4.3e12)
+    assert step_time_s(LLAMA, H200, **args) == pytest.approx(2e9 / MOVE)
     assert step_time_s(LLAMA, H200, **dict(args, moved_bytes=0)) == 0
 
 
@@ -75,40 +78,7 @@ def test_overrides_and_missing_params():
                                           ("step_overhead_s", -1e-3), ("hbm_bytes_per_s", float("nan"))])
 def test_hardware_spec_validates(field, value):
     with pytest.raises(ValueError, match=field):
-        HardwareSpec(**{field: value})
-
-
-# -- measured move bandwidth ---------------------------------------------------------
-
-def _csv(path, header, rows):
-    path.write_text("\n".join([",".join(header)] + [",".join(map(str, r)) for r in rows]) + "\n")
-    return path
-
-
-def test_from_results_missing_or_unusable_keeps_the_default(tmp_path):
-    assert HardwareSpec.from_results(tmp_path / "nothing").move_bytes_per_s == 4.3e12
-    _csv(tmp_path / "a.csv", ["impl", "pages", "seconds"], [["triton", 8, 0.1]])
-    assert HardwareSpec.from_results(tmp_path).move_bytes_per_s == 4.3e12
-    _csv(tmp_path / "b.csv", ["impl", "page_bytes", "pages", "bytes_per_s"], [["torch", 1, 1, "x"]])
-    assert HardwareSpec.from_results(tmp_path).move_bytes_per_s == 4.3e12
-
-
-def test_from_results_reads_the_largest_transfer_of_the_best_impl(tmp_path):
-    header = ["op", "impl", "page_bytes", "pages", "bytes_per_s"]
-    _csv(tmp_path / "move_pages.csv", header, [
-        ["move_pages", "triton", 65536, 16, 1.0e12],
-        ["move_pages", "triton", 65536, 4096, 3.0e12],
-        ["move_pages", "triton", 65536, 4096, 3.2e12],
-        ["move_pages", "torch", 65536, 4096, 1.1e12],
-        ["translate", "triton", 65536, 4096, 9.9e12],
-    ])
-    hw = HardwareSpec.from_results(tmp_path)
-    assert hw.move_bytes_per_s == pytest.approx(3.1e12)
-    assert hw.sources["move_bytes_per_s"].startswith("measured:")
-    torch_hw = HardwareSpec.from_results(tmp_path / "move_pages.csv", impl="torch")
-    assert torch_hw.move_bytes_per_s == pytest.approx(1.1e12)
-    pinned = HardwareSpec.from_results(tmp_path, move_bytes_per_s=2e12, mbu=0.8)
-    assert (pinned.move_bytes_per_s, pinned.mbu) == (2e12, 0.8)
+        dataclasses.replace(H200, **{field: value})
 
 
 def test_engine_step_cost_is_step_time_s_exactly():
@@ -134,6 +104,6 @@ def test_engine_step_cost_names_a_missing_model_figure_at_the_first_forward():
 
     bare = dataclasses.replace(LLAMA, params_active=None)
     engine = EngineStepCost(bare, H200)  # building it does not raise
-    assert engine(0, 0, 0, 10**9) == 2e9 / 4.3e12  # no forward, no figure needed
+    assert engine(0, 0, 0, 10**9) == 2e9 / MOVE  # no forward, no figure needed
     with pytest.raises(ValueError, match="params_active"):
         engine(0, 1, 0, 0)
