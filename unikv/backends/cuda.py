@@ -19,7 +19,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError:  # the base install has no torch; name the extra that brings it
+    raise ImportError("the CUDA backend needs torch (and triton for its kernels): "
+                      "pip install 'unikv[cuda]'") from None
 
 
 def _kernel_ops() -> SimpleNamespace:
