@@ -2,9 +2,10 @@
 
 A lazy pool and an eager pool (mamba up | swa float | full down, real bytes)
 each run `--ops` random engine operations from `unikv.testing.Driver`, with
-`Driver.check()` after every one: `verify() == []`, every live slot's bytes
-intact on every band still binding it, no two live pages sharing a byte,
-live counts / tombstones as the engine expects. At the end everything is
+`Driver.check()` after every one (the conformance harness's invariant,
+`unikv.testing.checks.pool_violations`): `verify() == []`, bound pages and
+slots as the engine holds them, every live slot's bytes intact on every band
+still binding it, no two live slots sharing a byte, exact capacity views. At the end everything is
 freed and the pool must match a fresh one (invariant 7).
 
     python benchmarks/soak.py                      # 100,000 ops each, both pools
@@ -34,6 +35,7 @@ import torch  # noqa: E402  (the pool runs on it; reported in the stamp)
 from unikv import UnifiedPool, __version__  # noqa: E402
 from unikv.backends import SimBackend  # noqa: E402
 from unikv.testing import Driver, make_layout  # noqa: E402
+from unikv.testing.checks import fresh_violations  # noqa: E402
 
 CHAIN = "mamba|swa|full"
 
@@ -86,13 +88,7 @@ def drain_violations(driver: Driver, mode: str, page_size: int, tokens: int) -> 
     """Free everything; the pool must then match a fresh one."""
     driver.free_all()
     driver.pool.flush(urgent=True)
-    out = driver.check()
-    fresh = build(mode, page_size, tokens)
-    if driver.pool.occupancy() != fresh.occupancy():
-        out.append("after freeing everything the occupancy differs from a fresh pool")
-    if driver.pool.available_size() != fresh.available_size():
-        out.append("after freeing everything available_size() differs from a fresh pool")
-    return out
+    return driver.check() + fresh_violations(driver.pool, build(mode, page_size, tokens))
 
 
 def source_digest() -> str:
@@ -130,7 +126,7 @@ def report(rows: list[dict], cfg: dict) -> str:
         (f"Layout `{CHAIN}`: {bands}; page_size {cfg['page_size']}; "
          f"{layout.total_bytes:,} bytes (sink {layout.sink_bytes:,}). Real bytes (materialised sim backend)."),
         f"Seed {cfg['seed']}; check after every operation: `verify() == []`, every live slot's bytes intact,",
-        "no two live pages share a byte, live counts and tombstones as the engine holds them, and",
+        "no two live slots share a byte, bound pages and slots as the engine holds them, exact capacity views, and",
         "in-flight forwards' reads undisturbed / writes landing where the data lives. At the end",
         "everything is freed and the pool must equal a fresh one.",
         "",

@@ -1,9 +1,10 @@
 """Soak: thousands of random engine operations per layout, checked after each.
 
-Every op is followed by `Driver.check`: `verify() == []`, every live slot's
-bytes intact on every band still binding it, no two live pages sharing a
-byte, live-page counts and tombstones as the engine expects, and
-`available_size()` a whole number of pages. The layouts' entry sizes are not
+Every op is followed by `Driver.check`, the conformance harness's invariant
+(`unikv.testing.checks.pool_violations`): `verify() == []`, bound pages and
+slots as the engine holds them, kernel-facing ids, every live slot's bytes
+intact on every band still binding it, no two live slots sharing a byte,
+and exact, fresh capacity views. The layouts' entry sizes are not
 multiples of each other and the buffers are small, so shortfalls (and the
 shortfall ladder) happen often.
 """
@@ -14,24 +15,14 @@ import random
 import zlib
 
 import pytest
-import torch
 
 from unikv import StaticPartitionPool, UnifiedPool
 from unikv.backends import SimBackend
-from unikv.testing import Driver, make_layout
+from unikv.testing import CHAINS, Driver, make_layout
+from unikv.testing.checks import fresh_violations
 
 OPS = 1500  # per run; the 3-band chain, the one with every mechanism, gets more
 OPS_3BAND = 2500
-CHAINS = ["full", "full|swa", "swa|full", "mamba|full", "mamba|swa|full"]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Small tensors: a second intra-op thread only adds contention.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tokens_for(page_size: int) -> int:
@@ -60,11 +51,7 @@ def assert_drains_to_fresh(driver: Driver, chain: str, page_size: int, mode: str
     driver.free_all()
     pool.flush(urgent=True)
     assert driver.check() == []
-    fresh = make_pool(chain, page_size, mode)
-    assert pool.available_size() == fresh.available_size()
-    for band in driver.state_bands:
-        assert pool.available_state(band) == fresh.available_state(band)
-    assert pool.occupancy() == fresh.occupancy()
+    assert fresh_violations(pool, make_pool(chain, page_size, mode)) == []
 
 
 @pytest.mark.parametrize("mode", ["eager", "lazy"])
