@@ -171,6 +171,9 @@ def run(config: RunConfig, *, progress: Callable[[int, int], None] | None = None
         trace_df: pd.DataFrame | None = None, hw=None) -> RunResult:
     """Replay the trace of `config` and return its tables and summary.
 
+    `hw` (a `sim.cost.HardwareSpec`) replaces the accelerator `config.hardware`
+    names; either way the identity records every coefficient used.
+
     Raises:
         ValueError: unknown model / layout, a trace the loader rejects, or
             (with `oversize="error"`) a request that can never fit the layout.
