@@ -52,7 +52,8 @@ def record_evictions(mem, entry) -> list:
 
 def test_fcfs_admission_waits_for_memory():
     reqs = [Request(i, t, 8, 3) for i, t in enumerate((0.0, 0.1, 0.2))]
-    sim, df = simulate(small_pool(), reqs)
+    pool = small_pool()
+    sim, df = simulate(pool, reqs)
     # r0 admitted at 0; r1 at 1 (r0 holds 8); r2 needs 8 but only 3 free
     # until r0 finishes at 3 (prefill + 2 decodes), then runs 3..6.
     assert df["admitted_s"].tolist() == [0.0, 1.0, 3.0]
@@ -61,8 +62,8 @@ def test_fcfs_admission_waits_for_memory():
     assert df["ttft_s"].round(6).tolist() == [1.0, 1.9, 3.8]
     assert df["tpot_s"].tolist() == [1.0, 1.0, 1.0]
     assert df["retractions"].sum() == 0
-    sim.pool.flush()
-    assert sim.pool.available_size() == 20  # everything returned
+    pool.flush()
+    assert pool.available_size() == 20  # everything returned
 
 
 def test_max_running_caps_admission():
