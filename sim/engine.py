@@ -84,7 +84,7 @@ class Simulation:
     def _step_loop(self):
         sched, mem, executor = self.scheduler, self.mem, self.executor
         while True:
-            if not sched.has_work():
+            if not sched.running and not sched.waiting:
                 if self.arrived == len(self.requests):
                     return
                 self._wake = self.env.event()
@@ -96,9 +96,10 @@ class Simulation:
             dt = executor.duration_s(plan, moved)
             yield self.env.timeout(dt)
             executor.done(event)
-            for r in sched.complete(plan, self.env.now):
+            now = self.env.now
+            for r in sched.complete(plan, now):
                 self._retire(r)
-            self._record(dt, plan.prefill_tokens, len(plan.decode), moved)
+            self._record(now, dt, plan.prefill_tokens, len(plan.decode), moved)
             if self.check_every and sched.steps % self.check_every == 0:
                 self._check()
 
@@ -114,7 +115,7 @@ class Simulation:
     def steps(self) -> int:
         return self.scheduler.steps
 
-    def _record(self, dt: float, prefill_tokens: int, decode_tokens: int, moved: int) -> None:
+    def _record(self, now: float, dt: float, prefill_tokens: int, decode_tokens: int, moved: int) -> None:
         """One step's raw counters, in `Recorder.raw_columns` order, and a
         pool sample (the recorder derives the pool columns, totals and
         ratios when the table is read)."""
@@ -122,7 +123,7 @@ class Simulation:
         slots = mem.held_pages * mem.ps  # the running requests' pages (Memory keeps the sums)
         counts = sched.counts
         self.recorder.step((
-            sched.steps, self.env.now, dt, len(sched.running), len(sched.waiting), prefill_tokens,
+            sched.steps, now, dt, len(sched.running), len(sched.waiting), prefill_tokens,
             decode_tokens, counts["admitted"], counts["finished"], counts["retracted"],
             counts["rejected"], mem.evictions, mem.cache.pages if mem.cache else 0,
             slots - mem.held_seq, slots, mem.moves(), moved,

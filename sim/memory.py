@@ -69,6 +69,8 @@ class Memory:
         self.token_bytes = {n: pool.layout.geometry(n).band.entry_bytes for n in pool.token_names}
         self.token_entry_bytes = sum(self.token_bytes.values())
         self.band_names = tuple(pool.bands)  # chain order
+        # label -> a forward-done event of the pool's backend (for executors)
+        self.new_event = pool.backend.new_event
         self._band_counters = tuple(pool.counters.bands.values())
         self._moved_mark = 0  # bytes moved up to the last forward's accounting
         self._sample: tuple | None = None  # (epoch, pool sample) of the last `sample`
@@ -103,10 +105,6 @@ class Memory:
         """Tokens a coupled alloc can take now, crediting the holes an
         urgent flush would release (the pool's schedulable view)."""
         return self.pool.available_size(schedulable=True)
-
-    def new_event(self, label: str):
-        """A forward-done event of the pool's backend."""
-        return self.pool.backend.new_event(label)
 
     def begin_forward(self, event, write_ids: np.ndarray, running: list[Request]) -> int:
         """Declare the forward behind `event` (it writes the virtual token

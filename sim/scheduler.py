@@ -94,9 +94,6 @@ class Scheduler:
         self.waiting.append(req)
         return True
 
-    def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
-
     # -- planning a step --
 
     def plan(self, now: float) -> StepPlan:

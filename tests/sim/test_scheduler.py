@@ -58,7 +58,7 @@ def test_a_request_that_can_never_fit_is_rejected_on_arrival():
     sched = scheduler(token_pool())
     sched.max_tokens = 10
     assert not sched.arrive(Request(0, 0.0, 8, 3))
-    assert sched.counts["rejected"] == 1 and not sched.has_work()
+    assert sched.counts["rejected"] == 1 and not sched.waiting
 
 
 def test_a_decode_shortfall_retracts_the_newest_running_request():
