@@ -219,3 +219,13 @@ def test_evictable_bytes_follow_locks_and_the_window_ratchet():
     # A's seq at its finish: 12 + 7 = 19 -> swa pages of positions < 14 released.
     assert by_key == {1: 2 * page, 2: 2 * page, 3: 2 * page}
     assert cache.evictable_bytes == 6 * page and sim.mem.evictable_tokens() == 6
+
+
+def test_the_engine_layers_reach_the_pool_only_through_memory():
+    import inspect
+    import re
+
+    from unikv.sim import engine, executor, scheduler, shortfall
+
+    for module in (engine, scheduler, executor, shortfall):
+        assert not re.search(r"\.pool\b", inspect.getsource(module)), module.__name__
