@@ -23,15 +23,16 @@ from unikv.sim.config import RunConfig
 from unikv.sim.engine import Simulation
 from unikv.sim.memory import Memory
 from unikv.sim.run import run
+from unikv.sim.scheduler import Scheduler
 
 from unikv import OraclePool, StaticPartitionPool, UnifiedPool
 from unikv.bands import EndBand
 
 POOL = ("flush", "available_size", "alloc_decode", "alloc_extend", "release", "free", "alloc_state",
         "free_state", "translate", "sample", "set_inflight_forward")
-ENGINE = ("_launch_step", "_end_step", "_decode", "_continue_prefills", "_admit", "_launch",
-          "_complete", "_record")
-MEMORY = ("decode", "extend", "ratchet", "finish", "retract", "take_hit", "evict_some")
+SCHEDULER = ("plan", "_decode", "_continue_prefills", "_admit", "complete")
+MEMORY = ("decode", "extend", "ratchet", "finish", "retract", "take_hit", "evict_some", "begin_forward",
+          "sample")
 
 
 def instrument(totals: collections.Counter, calls: collections.Counter) -> None:
@@ -55,8 +56,9 @@ def instrument(totals: collections.Counter, calls: collections.Counter) -> None:
         for name in POOL:
             if name in cls.__dict__:
                 wrap(cls, name, f"pool.{name}")
-    for name in ENGINE:
-        wrap(Simulation, name, f"engine.{name}")
+    for name in SCHEDULER:
+        wrap(Scheduler, name, f"scheduler.{name}")
+    wrap(Simulation, "_record", "engine._record")
     for name in MEMORY:
         wrap(Memory, name, f"memory.{name}")
 

@@ -30,9 +30,9 @@ def fits_alone(plan, tokens: int, *, prefill_chunk_tokens: int | None = None,
                      block_tokens=None, meta_tokens=model.meta_tokens)
     except ValueError:  # not even the shared meta tokens fit
         return False
-    if mem.state_band is not None and pool.alloc_state(mem.state_band, 1) is None:
-        return False
     req = Request(0, 0.0, tokens, 1)
+    if not mem.take_state(req):
+        return False
     chunk = prefill_chunk_tokens or max(tokens, 1)
     while req.seq < tokens:
         if not mem.extend(req, min(chunk, tokens - req.seq)):

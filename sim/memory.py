@@ -2,16 +2,17 @@
 
 The engine speaks requests; the pool speaks virtual ids. This layer keeps
 the two in step: which pages a request owns, which it borrows from the
-prefix cache, the sliding-window ratchet, eviction when an alloc falls short,
-and the accounting check that the pages requests and the cache hold are
-exactly the pool's live pages.
+prefix cache, the sliding-window ratchet, eviction of one cached prefix at
+a time (the scheduler decides when: `sim.shortfall`), and the accounting
+check (`sim.memory_check`). It is the engine's only way to the pool: the
+capacity questions, the forward's hazards and flush, the samples and
+counters the recorder reads, and the pool's own checks all go through it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
+from unikv.sim.memory_check import check_holdings
 from unikv.sim.prefix_cache import Node, PrefixCache
 from unikv.sim.request import Request
 
@@ -66,6 +67,12 @@ class Memory:
         # Bytes per token of each token band, and of a coupled token alloc.
         self.token_bytes = {n: pool.layout.geometry(n).band.entry_bytes for n in pool.token_names}
         self.token_entry_bytes = sum(self.token_bytes.values())
+        self.band_names = tuple(pool.bands)  # chain order
+        # label -> a forward-done event of the pool's backend (for executors)
+        self.new_event = pool.backend.new_event
+        self._band_counters = tuple(pool.counters.bands.values())
+        self._moved_mark = 0  # bytes moved up to the last forward's accounting
+        self._sample: tuple | None = None  # (epoch, pool sample) of the last `sample`
         self.meta_pages: list[int] = []
         if meta_tokens:
             ids = pool.alloc(-(-meta_tokens // self.ps) * self.ps)
@@ -83,17 +90,52 @@ class Memory:
         if pages:
             self.pool.free(self._reps(pages))
 
-    # -- eviction --
+    def bound_pages(self, pages: list[int], band: str) -> int:
+        """How many of the virtual `pages` are bound on token band `band`."""
+        return int((self.pool.translate(self._reps(pages), band) > 0).sum())
 
-    def with_eviction(self, attempt: Callable[[], np.ndarray | None]):
-        """`attempt()`, evicting cached blocks between tries until it works
-        or nothing is left to evict (then None)."""
-        out = attempt()
-        while out is None:
-            if not self.evict_some():
-                return None
-            out = attempt()
-        return out
+    # -- capacity, the forward, observation: the pool as the engine sees it --
+
+    def room_tokens_bound(self) -> int:
+        """An upper bound on `room_tokens` from live counts (no search)."""
+        return self.pool.available_size_bound()
+
+    def room_tokens(self) -> int:
+        """Tokens a coupled alloc can take now, crediting the holes an
+        urgent flush would release (the pool's schedulable view)."""
+        return self.pool.available_size(schedulable=True)
+
+    def begin_forward(self, event, write_ids: np.ndarray, running: list[Request]) -> int:
+        """Declare the forward behind `event` (it writes the virtual token
+        ids `write_ids` and the state slots of `running`), then flush
+        opportunistically while it runs; returns the bytes moved since the
+        last call (moves made between forwards are charged to the next)."""
+        states = {}
+        if self.state_band is not None:
+            states[self.state_band] = [r.state for r in running]
+        self.pool.set_inflight_forward(event, write_ids, states)
+        self.pool.flush(urgent=False)
+        total = sum([c.moved_bytes for c in self._band_counters])
+        moved, self._moved_mark = total - self._moved_mark, total
+        return moved
+
+    def moves(self) -> int:
+        """Page moves so far, every band summed."""
+        return sum([c.moves for c in self._band_counters])
+
+    def sample(self) -> tuple:
+        """The pool's sample (`UnifiedPool.sample`), taken again only when
+        the pool changed since the last one."""
+        epoch = self.pool.epoch.value
+        if self._sample is None or self._sample[0] != epoch:
+            self._sample = (epoch, self.pool.sample())
+        return self._sample[1]
+
+    def sample_columns(self, sampled) -> dict[str, np.ndarray]:
+        """The samples taken by `sample`, as the pool's columns."""
+        return self.pool.sample_columns(sampled)
+
+    # -- eviction --
 
     def evict_some(self) -> bool:
         """Evict the least recently used cached block; False when none is."""
@@ -166,11 +208,11 @@ class Memory:
         req.prefill_target = req.context_tokens
 
     def take_state(self, req: Request) -> bool:
-        """The request's state slot (evicting cached blocks if needed); True
-        without a state band, False (nothing taken) when none can be had."""
+        """The request's state slot (no eviction); True without a state
+        band, False (nothing taken) when none can be had."""
         if self.state_band is None:
             return True
-        slot = self.with_eviction(lambda: self.pool.alloc_state(self.state_band, 1))
+        slot = self.pool.alloc_state(self.state_band, 1)
         if slot is None:
             return False
         req.state = int(slot[0])
@@ -348,51 +390,10 @@ class Memory:
     # -- accounting --
 
     def check(self, running: list[Request]) -> list[str]:
-        """The pages requests and the cache hold equal the pool's live pages."""
-        out = []
-        held = [p for r in running for p in r.pages[r.shared_pages:]] + self.meta_pages
-        states = [r.state for r in running if r.state is not None]
-        if self.cache is not None:
-            for node in self.cache.walk():
-                held.extend(node.pages)
-                if node.state is not None:
-                    states.append(node.state)
-        if self.swa:
-            late = [r.rid for r in running if (r.seq - self.window) // self.ps > r.swa_released]
-            if late:
-                out.append(f"requests {late[:8]} hold window pages the ratchet has not released")
-        seq, pages = sum(r.seq for r in running), sum(len(r.pages) for r in running)
-        window = sum(min(r.seq, self.window_cap) for r in running)
-        if (self.held_seq, self.held_pages, self.held_window) != (seq, pages, window):
-            out.append(f"held totals (seq {self.held_seq}, pages {self.held_pages}, window "
-                       f"{self.held_window}) != the running requests' ({seq}, {pages}, {window})")
-        if len(set(held)) != len(held):
-            out.append("a virtual page is held twice")
-        if self.cache is not None:
-            out.extend(self._check_cache_bytes())
-        if self.pool.token_names:
-            live = set(self.pool.live_ids().tolist())
-            if live != set(held):
-                out.append(f"held pages {len(set(held))} != pool live pages {len(live)}")
-        if self.state_band is not None:
-            live = set(self.pool.live_ids(self.state_band).tolist())
-            if live != set(states) or len(states) != len(set(states)):
-                out.append(f"held state slots {len(states)} != pool live slots {len(live)}")
-        return out
+        """The pages requests and the cache hold equal the pool's live pages
+        (`sim.memory_check.check_holdings`; [] when healthy)."""
+        return check_holdings(self, running)
 
-    def _check_cache_bytes(self) -> list[str]:
-        """Each node's bytes are what its pages hold on the pool's token bands;
-        the cache's evictable total is the sum over its unlocked nodes."""
-        out = []
-        for node in self.cache.walk():
-            if not node.pages:
-                continue
-            reps = self._reps(node.pages)
-            held = sum(int((self.pool.translate(reps, band) > 0).sum()) * self.ps * entry
-                       for band, entry in self.token_bytes.items())
-            if held != node.nbytes:
-                out.append(f"cache node {node.key}: nbytes {node.nbytes} != {held} bound in the pool")
-        slow = self.cache.evictable_bytes_slow()
-        if self.cache.evictable_bytes != slow:
-            out.append(f"evictable bytes {self.cache.evictable_bytes} != {slow} recomputed from the cache")
-        return out
+    def verify(self, running: list[Request]) -> list[str]:
+        """The pool's invariants, then `check` ([] when healthy)."""
+        return self.pool.verify() + check_holdings(self, running)

@@ -52,7 +52,8 @@ def record_evictions(mem, entry) -> list:
 
 def test_fcfs_admission_waits_for_memory():
     reqs = [Request(i, t, 8, 3) for i, t in enumerate((0.0, 0.1, 0.2))]
-    sim, df = simulate(small_pool(), reqs)
+    pool = small_pool()
+    sim, df = simulate(pool, reqs)
     # r0 admitted at 0; r1 at 1 (r0 holds 8); r2 needs 8 but only 3 free
     # until r0 finishes at 3 (prefill + 2 decodes), then runs 3..6.
     assert df["admitted_s"].tolist() == [0.0, 1.0, 3.0]
@@ -61,8 +62,8 @@ def test_fcfs_admission_waits_for_memory():
     assert df["ttft_s"].round(6).tolist() == [1.0, 1.9, 3.8]
     assert df["tpot_s"].tolist() == [1.0, 1.0, 1.0]
     assert df["retractions"].sum() == 0
-    sim.pool.flush()
-    assert sim.pool.available_size() == 20  # everything returned
+    pool.flush()
+    assert pool.available_size() == 20  # everything returned
 
 
 def test_max_running_caps_admission():
@@ -218,3 +219,13 @@ def test_evictable_bytes_follow_locks_and_the_window_ratchet():
     # A's seq at its finish: 12 + 7 = 19 -> swa pages of positions < 14 released.
     assert by_key == {1: 2 * page, 2: 2 * page, 3: 2 * page}
     assert cache.evictable_bytes == 6 * page and sim.mem.evictable_tokens() == 6
+
+
+def test_the_engine_layers_reach_the_pool_only_through_memory():
+    import inspect
+    import re
+
+    from unikv.sim import engine, executor, scheduler, shortfall
+
+    for module in (engine, scheduler, executor, shortfall):
+        assert not re.search(r"\.pool\b", inspect.getsource(module)), module.__name__
