@@ -71,7 +71,7 @@ class Chain:
         self._float: tuple[list | None, int | None] = (None, None)  # (bands, float index)
         self.memo = EpochMemo(epoch)
         # (epoch, extents, schedulable extents or None until asked)
-        self._extents: tuple[int, tuple, tuple | None] | None = None
+        self._extents: tuple[int, tuple[Extent, ...], tuple[Extent, ...] | None] | None = None
 
     def extents(self, schedulable: bool = False) -> tuple[Extent, ...]:
         """Every band's extent, memoised per epoch (a tuple: callers that
@@ -83,7 +83,9 @@ class Chain:
         if not schedulable:
             return memo[1]
         if memo[2] is None:
-            memo = self._extents = (memo[0], memo[1], tuple([after_urgent_flush(e) for e in memo[1]]))
+            flushed = tuple([after_urgent_flush(e) for e in memo[1]])
+            self._extents = (memo[0], memo[1], flushed)
+            return flushed
         return memo[2]
 
     def float_index(self) -> int | None:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from unikv.backends.sim import SimBackend
 from unikv.layout import Band, Layout
 from unikv.pool import UnifiedPool
+
+if TYPE_CHECKING:
+    import torch
 
 MIB = 1 << 20
 
@@ -20,6 +24,16 @@ def demo_layout(total_bytes: int = 256 * MIB) -> Layout:
         Band("swa", entry_bytes=8 * 1024, grow="float", page_size=16),
         Band("full", entry_bytes=24 * 1024, grow="down", page_size=16),
     ])
+
+
+def _host_ids(ids: np.ndarray | torch.Tensor | None, call: str) -> np.ndarray:
+    """The ids of a prefill `call`: the demo's sim-backend pool returns
+    numpy ids, and its layout holds the whole prefill."""
+    if ids is None:
+        raise RuntimeError(f"demo: {call} did not fit the demo layout")
+    if not isinstance(ids, np.ndarray):
+        raise TypeError(f"demo: {call} returned {type(ids).__name__}; expected numpy ids")
+    return ids
 
 
 def _print_occupancy(pool: UnifiedPool, title: str) -> None:
@@ -37,10 +51,11 @@ def run_demo(compaction: str = "lazy", steps: int = 200, seed: int = 0, window: 
     rng = random.Random(seed)
     pool = UnifiedPool(demo_layout(), backend=SimBackend(), compaction=compaction)
     ps = pool.page_size
-    reqs = []  # (token ids, state id)
+    reqs: list[list[np.ndarray]] = []  # [token ids, state id]
     for _ in range(8):
         n = rng.randrange(1, 20) * ps
-        reqs.append([pool.alloc(n), pool.alloc_state("mamba", 1)])
+        reqs.append([_host_ids(pool.alloc(n), f"alloc({n})"),
+                     _host_ids(pool.alloc_state("mamba", 1), "alloc_state('mamba', 1)")])
     _print_occupancy(pool, "after prefill of 8 requests")
     for step in range(steps):
         seq = np.array([len(r[0]) + 1 for r in reqs], dtype=np.int64)

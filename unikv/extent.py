@@ -272,6 +272,8 @@ def budget_pages(chain: Sequence[Extent], order: Sequence[int]) -> int | None:
         bytes_per_n += e.page_bytes
         room = e.num_pages - e.min_page - e.live
         grid = room if grid is None else min(grid, room)
+    if grid is None:
+        raise ValueError("budget_pages: order=() must name at least one band")
     free = chain[order[0]].cap - sum(x.live * x.page_bytes for x in chain)
     return max(0, min(free // bytes_per_n, grid))
 
@@ -377,7 +379,8 @@ def chain_gap_bytes_columns(ext0: Sequence[Extent], cols: Sequence[Columns], sin
     """`chain_gap_bytes` over columns (see `joint_pages_columns`)."""
     n = len(cols[0]["low"])
     if ext0[0].kind is REGION:
-        return sum((e.cap - c["high"]) * e.page_bytes for e, c in zip(ext0, cols))
+        return sum(((e.cap - c["high"]) * e.page_bytes for e, c in zip(ext0, cols)),
+                   np.zeros(n, dtype=np.int64))
     gap = np.zeros(n, dtype=np.int64)
     top = np.zeros(n, dtype=np.int64)
     seen = np.zeros(n, dtype=bool)  # a non-transparent band came before

@@ -9,9 +9,23 @@ One done-event covers both hazards: it is recorded after the whole forward.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING, Any, Generic, overload
 
 import numpy as np
+
+if TYPE_CHECKING:
+    # The default (PEP 696) is for the checker: `typing.TypeVar` takes it
+    # only from Python 3.13, and at run time a TypeVar's default is unused.
+    from typing_extensions import TypeVar
+
+    from unikv.backends.base import Backend
+
+    V = TypeVar("V", default=Any)
+else:
+    from typing import TypeVar
+
+    V = TypeVar("V")
 
 
 class Epoch:
@@ -26,28 +40,37 @@ class Epoch:
         self.value += 1
 
 
-class Tracked:
+class Tracked(Generic[V]):
     """A capacity-bearing attribute: every assignment bumps `obj.epoch`.
 
     Values must be rebound, never mutated in place, so no mutation can slip
     past the memo invalidation. Only assignment goes through the
     descriptor: it defines no `__get__`, so reads find the value in the
     instance dict under the same name, at plain attribute speed (the
-    allocator reads these far more often than it writes them).
+    allocator reads these far more often than it writes them). `V` is the
+    value's type (declare `live: Tracked[int] = Tracked()`); the checker
+    is told reads return it.
     """
 
-    def __set_name__(self, owner, name: str) -> None:
+    def __set_name__(self, owner: type, name: str) -> None:
         self._name = name
 
-    def __set__(self, obj, value) -> None:
+    def __set__(self, obj: Any, value: V) -> None:
         obj.__dict__[self._name] = value
         obj.epoch.value += 1
+
+    if TYPE_CHECKING:  # for the checker only: a real `__get__` would slow every read
+        @overload
+        def __get__(self, obj: None, owner: type) -> Tracked[V]: ...
+        @overload
+        def __get__(self, obj: object, owner: type) -> V: ...
+        def __get__(self, obj: object, owner: type) -> Tracked[V] | V: ...
 
 
 class Hazards:
     """The newest forward's done event and the virtual pages it writes."""
 
-    def __init__(self, backend) -> None:
+    def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.event: Any | None = None
         self.writes: dict[str, np.ndarray] = {}
@@ -79,7 +102,7 @@ class Hazards:
         self.settles += 1
         self.clear()
 
-    def written(self, name: str) -> set[int]:
+    def written(self, name: str) -> AbstractSet[int]:
         """Virtual pages of band `name` the running forward writes (empty
         once it is done). A mover tests the virtual page of each physical
         page it would move (`p2v`): while the forward runs none of its pages
@@ -88,7 +111,7 @@ class Hazards:
             return _NONE
         return self.writes_of(name)
 
-    def writes_of(self, name: str) -> set[int]:
+    def writes_of(self, name: str) -> AbstractSet[int]:
         """`written(name)` for a caller that has just seen the forward
         running (`pending_event()` is not None)."""
         pages = self.writes.get(name)
@@ -101,4 +124,4 @@ class Hazards:
         return found
 
 
-_NONE: frozenset = frozenset()
+_NONE: frozenset[int] = frozenset()

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator, Sequence
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass
+from typing import TypeVar
 
 
 class Grow(enum.Enum):
@@ -40,7 +41,10 @@ class Side(enum.Enum):
         return Side.HIGH if self is Side.LOW else Side.LOW
 
 
-def _coerce(enum_cls, value, field_name: str):
+E = TypeVar("E", bound=enum.Enum)
+
+
+def _coerce(enum_cls: type[E], value: E | str, field_name: str) -> E:
     if isinstance(value, enum_cls):
         return value
     try:
@@ -55,9 +59,13 @@ def _positive_int(owner: str, name: str, value) -> None:
         raise ValueError(f"{owner}: {name}={value!r} must be a positive integer")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Band:
     """One sub-pool of the buffer.
+
+    The constructor takes `grow` and `unit` as strings or enums; the fields
+    always hold the enums (so `__init__` is written out: the generated one
+    would declare the fields' types for the arguments).
 
     Args:
         name: unique name, e.g. "full", "swa", "mamba".
@@ -74,20 +82,26 @@ class Band:
     name: str
     _: KW_ONLY
     entry_bytes: int
-    grow: Grow = Grow.DOWN
-    page_size: int = 1
-    unit: Unit = Unit.TOKEN
-    blocks_per_page: int = 1
+    grow: Grow
+    page_size: int
+    unit: Unit
+    blocks_per_page: int
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"Band: name={self.name!r} must be a non-empty string")
-        owner = f"Band {self.name!r}"
-        _positive_int(owner, "entry_bytes", self.entry_bytes)
-        _positive_int(owner, "page_size", self.page_size)
-        _positive_int(owner, "blocks_per_page", self.blocks_per_page)
-        object.__setattr__(self, "grow", _coerce(Grow, self.grow, f"{owner}: grow"))
-        object.__setattr__(self, "unit", _coerce(Unit, self.unit, f"{owner}: unit"))
+    def __init__(self, name: str, *, entry_bytes: int, grow: Grow | str = Grow.DOWN, page_size: int = 1,
+                 unit: Unit | str = Unit.TOKEN, blocks_per_page: int = 1) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"Band: name={name!r} must be a non-empty string")
+        owner = f"Band {name!r}"
+        _positive_int(owner, "entry_bytes", entry_bytes)
+        _positive_int(owner, "page_size", page_size)
+        _positive_int(owner, "blocks_per_page", blocks_per_page)
+        set_field = object.__setattr__  # the dataclass is frozen
+        set_field(self, "name", name)
+        set_field(self, "entry_bytes", entry_bytes)
+        set_field(self, "grow", _coerce(Grow, grow, f"{owner}: grow"))
+        set_field(self, "page_size", page_size)
+        set_field(self, "unit", _coerce(Unit, unit, f"{owner}: unit"))
+        set_field(self, "blocks_per_page", blocks_per_page)
         if self.unit is Unit.REQUEST and self.page_size != 1:
             raise ValueError(
                 f"{owner}: page_size={self.page_size} but a request band holds "
@@ -124,9 +138,11 @@ class BandGeometry:
         return self.num_pages - self.min_page
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, init=False)
 class Layout:
     """A buffer of `total_bytes` and its bands, listed low byte -> high byte.
+
+    `bands` may be any sequence of `Band`; the field holds it as a tuple.
 
     Allowed chains: one band (up or down); `up | down`; `up | float | down`.
 
@@ -138,11 +154,12 @@ class Layout:
     """
 
     total_bytes: int
-    bands: tuple[Band, ...] = field(default_factory=tuple)
+    bands: tuple[Band, ...]
 
-    def __post_init__(self) -> None:
-        _positive_int("Layout", "total_bytes", self.total_bytes)
-        bands = tuple(self.bands)
+    def __init__(self, *, total_bytes: int, bands: Sequence[Band] = ()) -> None:
+        _positive_int("Layout", "total_bytes", total_bytes)
+        bands = tuple(bands)
+        object.__setattr__(self, "total_bytes", total_bytes)  # the dataclass is frozen
         object.__setattr__(self, "bands", bands)
         if not bands:
             raise ValueError("Layout: bands=() must hold at least one Band")

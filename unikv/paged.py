@@ -165,6 +165,8 @@ def _check_last_loc(ps: int, binds: np.ndarray, prefix: np.ndarray, last: np.nda
     if tail is None:
         tail = slot_of(prefix, ps) != 0
         n_tail = int(np.count_nonzero(tail))
+    elif n_tail is None:
+        n_tail = int(np.count_nonzero(tail))
     if n_tail == 0:
         return
     if n_tail < len(prefix):

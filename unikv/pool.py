@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -13,7 +13,7 @@ from unikv.backends.sim import SimBackend
 from unikv.bands import UNIFIED_BANDS, BandContext
 from unikv.bands.base import EMPTY
 from unikv.chain import Chain
-from unikv.extent import Kind, take_all
+from unikv.extent import Extent, Kind, take_all
 from unikv.hazards import Epoch, Hazards
 from unikv.ids import IdSpace, as_ids, check_count, check_range, few, loaded_torch, require_torch
 from unikv.layout import Layout, Side, Unit
@@ -257,18 +257,21 @@ class UnifiedPool:
         # plan is the one the whole chain's would be).
         drains = [len(bands[i].holes) >= pages for i in order]
         extend = [i for i, d in zip(order, drains) if not d]
+        old: Sequence[Extent] = ()
+        plan: list[Extent] = []  # read only for the bands that extend
         if extend:
             old = chain.extents()
-            plan = take_all(old, extend, pages, chain.total_bytes)
-            if plan is None:
+            found = take_all(old, extend, pages, chain.total_bytes)
+            if found is None:
                 fits = lambda: chain.fits_joint(order, pages)  # noqa: E731
                 if not self._relieve({i: pages for i in order}, fits):
                     return None
                 old = chain.extents()  # the ladder moved pages: plan every band
-                plan = take_all(old, order, pages, chain.total_bytes)
-                if plan is None:  # fits and the plan share one arithmetic
+                found = take_all(old, order, pages, chain.total_bytes)
+                if found is None:  # fits and the plan share one arithmetic
                     raise RuntimeError(f"internal: {pages} pages fit but no take plan exists")
                 drains = [False] * len(order)
+            plan = found
         v_pages = self.vids.take(pages)
         for i, drain in zip(order, drains):
             band = bands[i]
@@ -287,12 +290,12 @@ class UnifiedPool:
         if fits():
             return True
         f = chain.float_index()
-        plan = None if f is None else slide_plan(chain.extents(), f, chain.bands[f].holes, demand,
-                                                 chain.total_bytes)
-        if plan is not None:
-            chain.bands[f].relocate(plan)
-            if fits():
-                return True
+        if f is not None:
+            plan = slide_plan(chain.extents(), f, chain.bands[f].holes, demand, chain.total_bytes)
+            if plan is not None:
+                chain.bands[f].relocate(plan)
+                if fits():
+                    return True
         self.counters.ladder_failures += 1
         return False
 

@@ -89,8 +89,13 @@ def _joint_pages(pool, ext0, bands, table) -> np.ndarray:
     prev, pages = None, 0
     for r, row in enumerate(table.tolist()):
         if row != prev:  # consecutive samples often repeat; the last answer seeds the search
-            ext = [Extent(e.kind, e.page_bytes, e.min_page, e.num_pages, *row[k * 5: k * 5 + 4], e.cap)
-                   for k, e in enumerate(ext0)]
+            ext = [_with_fields(e, row[k * 5: k * 5 + 4]) for k, e in enumerate(ext0)]
             pages, prev = joint_pages(ext, order, total, pages), row
         out[r] = pages
     return out
+
+
+def _with_fields(e: Extent, fields: Sequence[int]) -> Extent:
+    """`e` with the sampled `(low, high, holes, live)`."""
+    low, high, holes, live = fields
+    return Extent(e.kind, e.page_bytes, e.min_page, e.num_pages, low, high, holes, live, e.cap)

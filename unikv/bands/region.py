@@ -18,12 +18,16 @@ class RegionBand(BandAllocator):
     """
 
     kind = Kind.REGION
-    fill = Tracked()  # pages below `fill` have been handed out at least once
-    live = Tracked()
-    holes = Tracked()
+    fill: Tracked[int] = Tracked()  # pages below `fill` have been handed out at least once
+    live: Tracked[int] = Tracked()
+    holes: Tracked[np.ndarray] = Tracked()
 
     def reset(self) -> None:
-        self.region_low, self.region_high = self.ctx.regions[self.name]
+        regions = self.ctx.regions
+        if regions is None:
+            raise ValueError(f"RegionBand {self.name!r}: BandContext.regions is None; "
+                             "a static split needs each band's (low, high) pages")
+        self.region_low, self.region_high = regions[self.name]
         self.fill = self.region_low
         self.live = 0
         self.holes = EMPTY
@@ -60,7 +64,7 @@ class BudgetBand(BandAllocator):
     """
 
     kind = Kind.BUDGET
-    live = Tracked()
+    live: Tracked[int] = Tracked()
 
     def reset(self) -> None:
         self.live = 0

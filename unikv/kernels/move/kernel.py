@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -43,6 +44,14 @@ STAGE_BYTES = 256 << 20  # most bytes one staging round holds in its temp buffer
 TILE_BYTES = 16 << 10  # bytes one program copies
 NUM_WARPS = 4
 STREAMING = False  # evict-first loads and streaming stores
+
+
+class Tune(TypedDict):
+    """`copy_rows`' launch settings, passed on as keywords."""
+
+    tile_bytes: int
+    num_warps: int
+    streaming: bool
 
 
 @triton.jit
@@ -157,7 +166,7 @@ def move_pages(buffer: torch.Tensor, page_bytes: int, src: torch.Tensor, dst: to
         return reference.move_pages(buffer, page_bytes, src, dst)
     flat, width = word_view(buffer, page_bytes)
     row_elems = page_bytes // width
-    tune = dict(tile_bytes=tile_bytes, num_warps=num_warps, streaming=streaming)
+    tune = Tune(tile_bytes=tile_bytes, num_warps=num_warps, streaming=streaming)
     if disjoint:
         return copy_rows(flat, src, flat, dst, row_elems, **tune)
     num_pages = buffer.numel() // page_bytes
@@ -192,7 +201,7 @@ def _check_move(buffer, page_bytes, src, dst) -> int:
     return check_same_length(op, src=src, dst=dst)
 
 
-def _run_plan(plan: list[Copy], flat: torch.Tensor, row_elems: int, tune: dict) -> None:
+def _run_plan(plan: list[Copy], flat: torch.Tensor, row_elems: int, tune: Tune) -> None:
     """Launch a plan's copies in order, with one upload of all their indices."""
     dev = flat.device
     rows_of = lambda kind: max((c.src_rows.size for c in plan if kind in (c.src_kind, c.dst_kind)),  # noqa: E731

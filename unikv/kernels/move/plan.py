@@ -44,7 +44,8 @@ class Copy:
     dst_rows: np.ndarray
 
 
-def plan_moves(src: Sequence[int], dst: Sequence[int], max_stage_rows: int, page_bytes: int = 0) -> list[Copy]:
+def plan_moves(src: Sequence[int] | np.ndarray, dst: Sequence[int] | np.ndarray, max_stage_rows: int,
+               page_bytes: int = 0) -> list[Copy]:
     """Launches that copy `src[i] -> dst[i]` as if all sources were read first.
 
     Args:
@@ -56,8 +57,12 @@ def plan_moves(src: Sequence[int], dst: Sequence[int], max_stage_rows: int, page
         ValueError: for a repeated destination, or a repeated source when
             sources and destinations overlap.
     """
-    src = np.asarray(src, dtype=np.int64).reshape(-1)
-    dst = np.asarray(dst, dtype=np.int64).reshape(-1)
+    return _plan_arrays(np.asarray(src, dtype=np.int64).reshape(-1),
+                        np.asarray(dst, dtype=np.int64).reshape(-1), max_stage_rows, page_bytes)
+
+
+def _plan_arrays(src: np.ndarray, dst: np.ndarray, max_stage_rows: int, page_bytes: int) -> list[Copy]:
+    """`plan_moves` over int64 [n] arrays."""
     n = src.size
     if _repeats(np.sort(dst)):
         raise ValueError("move_pages: dst repeats a page; each destination must be written once")
