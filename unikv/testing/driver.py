@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import collections
 import random
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from unikv.testing.checks import pool_violations
 from unikv.testing.device import host_ids
@@ -28,6 +30,9 @@ from unikv.testing.forward import Forward
 from unikv.testing.model import ChainModel, Request
 from unikv.testing.random_ops import DEFAULT_WEIGHTS, RandomOps
 from unikv.testing.shadow import ShadowBytes
+
+if TYPE_CHECKING:
+    from unikv.pool import UnifiedPool
 
 
 class Driver(ForwardsAndProbes, RandomOps):
@@ -57,9 +62,9 @@ class Driver(ForwardsAndProbes, RandomOps):
         forward_delay: most ops a launched forward runs before it fires.
     """
 
-    def __init__(self, pool, rng: random.Random, *, window_tokens: int | None = None,
+    def __init__(self, pool: UnifiedPool, rng: random.Random, *, window_tokens: int | None = None,
                  window_band: str | None = None, max_batch: int = 8,
-                 max_new_tokens: int | None = None, weights: dict | None = None,
+                 max_new_tokens: int | None = None, weights: dict[str, float] | None = None,
                  check_overlap: bool = True, forward_delay: int = 4) -> None:
         self.pool = pool
         self.rng = rng
@@ -86,7 +91,7 @@ class Driver(ForwardsAndProbes, RandomOps):
         self.last_batch: tuple[list[int], list[int]] | None = None
         self.inflight: Forward | None = None
         self.pending_violations: list[str] = []
-        self.counts: collections.Counter = collections.Counter()
+        self.counts: collections.Counter[str] = collections.Counter()
         self.history: collections.deque = collections.deque(maxlen=40)
         self.disabled: set[str] = set()
 
@@ -100,7 +105,8 @@ class Driver(ForwardsAndProbes, RandomOps):
     def step(self) -> str:
         """Run one random op (firing a due forward first); returns its name."""
         self.ops += 1
-        if self.inflight is not None and self.ops >= self.inflight.fire_at:
+        fire_at = self.inflight.fire_at if self.inflight is not None else None
+        if fire_at is not None and self.ops >= fire_at:
             self.fire()
         names = [n for n in self.weights if n not in self.disabled and self.weights[n] > 0]
         name = self.rng.choices(names, [self.weights[n] for n in names])[0]
@@ -125,7 +131,7 @@ class Driver(ForwardsAndProbes, RandomOps):
         out, self.pending_violations = self.pending_violations, []
         return out + pool_violations(self.pool, self.model, self.shadow, overlap=self.check_overlap)
 
-    def log(self, *parts) -> None:
+    def log(self, *parts: object) -> None:
         self.history.append(" ".join(str(p) for p in parts))
 
     # -- model helpers --
@@ -159,7 +165,7 @@ class Driver(ForwardsAndProbes, RandomOps):
 
     # -- engine actions (deterministic; None means the pool fell short) --
 
-    def extend(self, rids: list[int], adds: list[int], new_lengths: list[int] = ()) -> list[int] | None:
+    def extend(self, rids: list[int], adds: list[int], new_lengths: Sequence[int] = ()) -> list[int] | None:
         """One `alloc_extend`: request `rids[i]` gains `adds[i]` tokens (tail
         page reused) and a new request (prefix 0, one state slot per state
         band) is admitted per `new_lengths`. Returns the batch's request ids."""

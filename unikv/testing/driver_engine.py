@@ -2,12 +2,45 @@
 
 from __future__ import annotations
 
+import collections
+import random
+from typing import TYPE_CHECKING
+
 from unikv.testing.device import host_ids
 from unikv.testing.forward import Forward, land, plan_io
+
+if TYPE_CHECKING:
+    from unikv.pool import UnifiedPool
+    from unikv.testing.model import ChainModel, Request
+    from unikv.testing.shadow import ShadowBytes
 
 
 class ForwardsAndProbes:
     """Engine actions that launch and finish forwards, and probe the views."""
+
+    if TYPE_CHECKING:  # what the actions use of `Driver` (all set in its __init__)
+        pool: UnifiedPool
+        rng: random.Random
+        model: ChainModel
+        shadow: ShadowBytes
+        ps: int
+        token_bands: list[str]
+        state_bands: list[str]
+        forward_delay: int
+        ops: int
+        last_batch: tuple[list[int], list[int]] | None
+        inflight: Forward | None
+        pending_violations: list[str]
+        counts: collections.Counter[str]
+        orphans: dict[str, list[int]]
+
+        @property
+        def reqs(self) -> dict[int, Request]: ...
+        def log(self, *parts: object) -> None: ...
+        def _write(self, band: str, ids: list[int]) -> None: ...
+        def _new_tokens(self, rid: int, ids: list[int]) -> None: ...
+        def free_request(self, rid: int) -> None: ...
+        def free_orphans_ids(self, band: str, ids: list[int]) -> None: ...
 
     def launch(self, rids: list[int] | None = None, write_ids: list[int] | None = None) -> Forward | None:
         """Declare a forward: it reads every live slot of `rids` and writes

@@ -10,13 +10,32 @@ forward finished leaves stale bytes at its new home).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from unikv.testing.device import host_ids
 from unikv.testing.model import ChainModel
 from unikv.testing.shadow import ShadowBytes
+
+if TYPE_CHECKING:
+    from unikv.pool import UnifiedPool
+
+# (band, virtual page or state slot) a forward touches.
+Pair = tuple[str, int]
+
+
+class ForwardEvent(Protocol):
+    """A forward's done event as the harness drives it (a `SimEvent`, also
+    under `HostEvents` on a device backend)."""
+
+    def on_fire(self, fn: Callable[[], None]) -> None:
+        """Call `fn` when the event fires."""
+
+    def fire(self) -> None:
+        """Finish the forward now (its callbacks run)."""
 
 
 @dataclass
@@ -33,23 +52,23 @@ class Forward:
             rule fires it).
     """
 
-    event: object
-    touched: set = field(default_factory=set)
-    reads: list = field(default_factory=list)
-    writes: list = field(default_factory=list)
+    event: ForwardEvent
+    touched: set[Pair] = field(default_factory=set)
+    reads: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+    writes: list[tuple[str, np.ndarray, np.ndarray | None, list[int]]] = field(default_factory=list)
     fire_at: int | None = None
 
-    def touches(self, pairs) -> bool:
+    def touches(self, pairs: Iterable[Pair]) -> bool:
         """Whether it touches any (band, page or slot) pair of `pairs`."""
         return not self.touched.isdisjoint(pairs)
 
-    def touches_pages(self, pages, token_bands) -> bool:
+    def touches_pages(self, pages: Iterable[int], token_bands: Collection[str]) -> bool:
         """Whether it touches any virtual page of `pages` on any token band."""
-        pages = set(pages)
-        return any(v in pages for b, v in self.touched if b in token_bands)
+        wanted = set(pages)
+        return any(v in wanted for b, v in self.touched if b in token_bands)
 
 
-def plan_io(fwd: Forward, pool, model: ChainModel, shadow: ShadowBytes, band: str,
+def plan_io(fwd: Forward, pool: UnifiedPool, model: ChainModel, shadow: ShadowBytes, band: str,
             reads, writes, page_size: int) -> None:
     """Add the forward's reads and writes of `band` (virtual token ids, or
     slots with `page_size` 1): their pairs, launch-time slots, the bytes
@@ -66,14 +85,14 @@ def plan_io(fwd: Forward, pool, model: ChainModel, shadow: ShadowBytes, band: st
 def land(fwd: Forward, model: ChainModel, shadow: ShadowBytes) -> list[str]:
     """The event fired: read-hazard violations of the forward's reads, then
     its writes land (buffer, shadow, model stamps)."""
-    out = []
+    out: list[str] = []
     for band, ids, phys, rows in fwd.reads:
         got = shadow.read(band, phys)
         if not np.array_equal(got, rows):
             bad = (got != rows).any(1)
             out.append(f"[{band}] read hazard: slots {phys[bad][:8].tolist()} (virtual "
                        f"{ids[bad][:8].tolist()}) changed while the forward read them")
-    for band, ids, phys, stamps in fwd.writes:
-        shadow.write(band, ids, phys, stamps)
+    for band, ids, dst, stamps in fwd.writes:  # dst: None on an unmaterialised shadow
+        shadow.write(band, ids, dst, stamps)
         model.write(band, ids.tolist(), stamps)
     return out

@@ -5,8 +5,9 @@ accepts it (the hypothesis strategy of `strategies.py` draws the rest)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
-from unikv.layout import Band, Layout, Unit
+from unikv.layout import Band, Grow, Layout, Unit
 
 CHAINS = ("full", "full|swa", "swa|full", "mamba|full", "mamba|swa|full")
 ENTRY_BYTES = {"full": 700, "swa": 300, "mamba": 5000}  # no one a multiple of another
@@ -27,16 +28,16 @@ def make_layout(chain: str, page_size: int, tokens: int, states: int = 8,
     """
     sizes = {**ENTRY_BYTES, **(entry_bytes or {})}
     names = chain.split("|")
-    bands = []
+    bands: list[Band] = []
     for i, name in enumerate(names):
-        grow = "down" if i == len(names) - 1 else "up" if i == 0 else "float"
+        grow = Grow.DOWN if i == len(names) - 1 else Grow.UP if i == 0 else Grow.FLOAT
         if name == "mamba":
-            bands.append(Band(name, entry_bytes=sizes[name], grow=grow, unit="request"))
+            bands.append(Band(name, entry_bytes=sizes[name], grow=grow, unit=Unit.REQUEST))
         else:
             bands.append(Band(name, entry_bytes=sizes[name], grow=grow, page_size=page_size))
     per_token = sum(b.entry_bytes for b in bands if b.unit is Unit.TOKEN)
     per_state = sum(b.entry_bytes for b in bands if b.unit is Unit.REQUEST)
-    return Layout(total_bytes=sink_bytes(bands) + tokens * per_token + states * per_state, bands=bands)
+    return Layout(total_bytes=sink_bytes(bands) + tokens * per_token + states * per_state, bands=tuple(bands))
 
 
 def sink_bytes(bands: list[Band]) -> int:
@@ -45,7 +46,10 @@ def sink_bytes(bands: list[Band]) -> int:
     return max([b.entry_bytes for b in bands] + [b.page_bytes for b in bands if b.unit is Unit.TOKEN])
 
 
-def grow_until_valid(build: Callable[[int], object], total: int, step: int):
+_Built = TypeVar("_Built")
+
+
+def grow_until_valid(build: Callable[[int], _Built], total: int, step: int) -> _Built:
     """`build(total)`, adding `step` bytes until it stops raising ValueError
     (64 tries; the last one's error propagates)."""
     for _ in range(64):

@@ -23,13 +23,16 @@ or `pools.cuda_backend(device)`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 from hypothesis import assume
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant
 
 from unikv.testing import checks
 from unikv.testing.device import host_ids
-from unikv.testing.forward import Forward, land
+from unikv.testing.forward import Forward, Pair, land
 from unikv.testing.model import ChainModel
 from unikv.testing.pools import KINDS, fit_layout, known_core_bug, make_pool, sim_backend
 from unikv.testing.reach import EXAMPLES, REACHED, STEPS
@@ -37,6 +40,9 @@ from unikv.testing.rules_engine import EngineRules
 from unikv.testing.rules_memory import MemoryRules
 from unikv.testing.shadow import ShadowBytes
 from unikv.testing.strategies import SHAPES, layouts
+
+if TYPE_CHECKING:
+    from unikv.pool import UnifiedPool
 
 _COUNTERS = ("moves", "relocations", "ladder_runs", "ladder_failures", "settles", "absorbed_pages",
              "pending_peak")
@@ -56,10 +62,10 @@ class ConformanceMachine(MemoryRules, EngineRules, RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.pool = None
+        self.has_pool = False  # no pool before setup, nor when its assume() rejects the layout
 
     @initialize(data=st.data())
-    def setup(self, data):
+    def setup(self, data: st.DataObject) -> None:
         EXAMPLES[type(self).__name__] += 1
         self.layout = fit_layout(self.kind, data.draw(layouts(self.shapes), label="layout"))
         bug = known_core_bug(self.kind, self.layout)
@@ -70,6 +76,7 @@ class ConformanceMachine(MemoryRules, EngineRules, RuleBasedStateMachine):
         if self.kind == "lazy":
             self.move_cap = data.draw(st.sampled_from([1, 2, 4096]), label="move_cap")
         self.pool = pool = self.new_pool()
+        self.has_pool = True
         self.ps = pool.page_size
         self.token_bands = [b.name for b in self.layout.token_bands]
         self.state_bands = [b.name for b in self.layout.state_bands]
@@ -85,7 +92,7 @@ class ConformanceMachine(MemoryRules, EngineRules, RuleBasedStateMachine):
         self.inflight: Forward | None = None
         self.late: list[str] = []  # violations seen inside event callbacks
 
-    def new_pool(self):
+    def new_pool(self) -> UnifiedPool:
         """A fresh pool of this machine's kind, layout and backend."""
         return make_pool(self.kind, self.layout, self.move_cap, self.backend)
 
@@ -131,7 +138,7 @@ class ConformanceMachine(MemoryRules, EngineRules, RuleBasedStateMachine):
         assert all(a >= b for a, b in zip(room, room_before)), \
             f"a failed {what} shrank the room {room_before} -> {room}"
 
-    def _live_map(self) -> dict:
+    def _live_map(self) -> dict[str, list[int]]:
         """band -> physical page of every live page (to see that nothing moved)."""
         return {band: host_ids(self.pool.translate(host_ids(sorted(self.model.bound(band))) * self.ps,
                                                    band)).tolist()
@@ -149,7 +156,7 @@ class ConformanceMachine(MemoryRules, EngineRules, RuleBasedStateMachine):
         if self.inflight is not None:
             self.inflight.event.fire()
 
-    def _settle_for(self, pages=(), states=()) -> None:
+    def _settle_for(self, pages: Iterable[int] = (), states: Iterable[Pair] = ()) -> None:
         """The engine never frees what the running forward touches: it
         waits for the forward first."""
         f = self.inflight
@@ -159,16 +166,16 @@ class ConformanceMachine(MemoryRules, EngineRules, RuleBasedStateMachine):
     # -- after every rule --
 
     @invariant()
-    def healthy(self):
-        if self.pool is None:
+    def healthy(self) -> None:
+        if not self.has_pool:
             return
         out, self.late = self.late, []
         # The oracle's physical ids are bookkeeping only: no overlap check.
         out += checks.pool_violations(self.pool, self.model, self.shadow, overlap=self.kind != "oracle")
         assert not out, "\n".join(out)
 
-    def teardown(self):
-        if self.pool is not None:
+    def teardown(self) -> None:
+        if self.has_pool:
             self._fire()
             stats = self.pool.stats()
             REACHED.update({k: stats[k] for k in _COUNTERS})

@@ -43,7 +43,7 @@ def cuda_backend(device: str = "cuda") -> Callable[[str], HostEvents]:
 
 
 def make_pool(kind: str, layout: Layout, move_cap: int = 4096,
-              backend: Callable[[str], object] = sim_backend):
+              backend: Callable[[str], object] = sim_backend) -> UnifiedPool:
     """A pool of `kind` (see `KINDS`) over `layout` on `backend(kind)`.
 
     Raises:

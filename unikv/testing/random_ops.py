@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from unikv.testing.model import Request
 
 DEFAULT_WEIGHTS = {
     "new": 10.0,  # admit 1-3 requests through alloc_extend (prefix 0)
@@ -23,6 +28,15 @@ DEFAULT_WEIGHTS = {
 
 class RandomOps:
     """`op_*` methods: draw arguments from `self.rng`, call an engine action."""
+
+    if TYPE_CHECKING:  # what the typed helpers use of `Driver` (all set in its __init__)
+        rng: random.Random
+        max_new_tokens: int
+        disabled: set[str]
+
+        @property
+        def reqs(self) -> dict[int, Request]: ...
+        def log(self, *parts: object) -> None: ...
 
     def _some(self, most: int) -> list[int]:
         return self.rng.sample(list(self.reqs), min(len(self.reqs), self.rng.randint(1, most)))

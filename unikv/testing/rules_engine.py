@@ -4,6 +4,10 @@ views, rejected calls, drains and clears."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
@@ -12,9 +16,41 @@ from unikv.testing import checks
 from unikv.testing.device import buffer_copy, host_ids
 from unikv.testing.forward import Forward, plan_io
 
+if TYPE_CHECKING:
+    from unikv.pool import UnifiedPool
+    from unikv.testing.model import ChainModel
+    from unikv.testing.shadow import ShadowBytes
+
 
 class EngineRules:
     """Rules that play the engine's step loop (needs the machine's helpers)."""
+
+    if TYPE_CHECKING:  # what the rules use of `ConformanceMachine` and `MemoryRules`
+        pool: UnifiedPool
+        model: ChainModel
+        shadow: ShadowBytes
+        ps: int
+        token_bands: list[str]
+        state_bands: list[str]
+        sizes: dict[str, int]
+        inflight: Forward | None
+
+        def new_pool(self) -> UnifiedPool: ...
+        def _op(self) -> None: ...
+        def _fire(self) -> None: ...
+        def _landed(self, fwd: Forward) -> None: ...
+        def _write(self, band: str, ids: list[int]) -> None: ...
+        def _new_tokens(self, out: Any, fresh: list[list[int]], rids: list[int],
+                        tokens: list[list[int]]) -> None: ...
+        def _reqs(self, extendable: bool = False, live: bool = False) -> list[int]: ...
+        def _room(self) -> list[int]: ...
+        def _shortfall(self, room_before: list[int], what: str) -> None: ...
+        def _extend(self, data: st.DataObject,
+                    olds: list[int] | None = None) -> tuple[list[int], list[int]] | None: ...
+        def _decode(self, data: st.DataObject, rids: list[int] | None = None) -> list[int] | None: ...
+        def _free_request(self, rid: int) -> None: ...
+        def _free_some_pages(self, rid: int, data: st.DataObject) -> None: ...
+        def _flush(self, urgent: bool) -> None: ...
 
     # -- forwards --
 
@@ -70,7 +106,7 @@ class EngineRules:
         for i in range(data.draw(st.integers(1, 4), label="scheduler rounds")):
             self._scheduler_round(data, [r for r in finished if r in self.model.reqs], first=i == 0)
 
-    def _step_batch(self, data, running: list[int]) -> tuple[list[int], list[int]]:
+    def _step_batch(self, data: st.DataObject, running: list[int]) -> tuple[list[int], list[int]]:
         """Decode `running` (or a subset), or prefill a chunk of a few of
         them; the batch and its new token ids (none on a shortfall)."""
         if not data.draw(st.booleans(), label="whole batch") and running:
@@ -82,7 +118,7 @@ class EngineRules:
             return running, [self.model.reqs[r].tokens[-1] for r in running]
         return running, []
 
-    def _scheduler_round(self, data, finished: list[int], first: bool) -> None:
+    def _scheduler_round(self, data: st.DataObject, finished: list[int], first: bool) -> None:
         """Free (some of) a finished request (always in the first round),
         flush non-urgently, maybe admit new tokens."""
         ways = ["a request", "some pages"] if first else ["nothing", "a request", "some pages"]
@@ -101,15 +137,15 @@ class EngineRules:
         """Token ids of `batch` with bytes written on some band."""
         return sorted({t for r in batch for t in self.model.reqs[r].tokens} & set(self.model.live_tokens()))
 
-    def _draw_state_writes(self, data) -> dict:
-        out = {}
+    def _draw_state_writes(self, data: st.DataObject) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
         for band in self.state_bands:
             slots = sorted(self.model.states[band])
             out[band] = data.draw(st.lists(st.sampled_from(slots), unique=True, max_size=3)
                                   if slots else st.just([]), label=f"{band} write slots")
         return out
 
-    def _launch(self, batch: list[int], writes: list[int], states: dict) -> None:
+    def _launch(self, batch: list[int], writes: list[int], states: dict[str, list[int]]) -> None:
         """Declare the forward: plan its I/O at today's physical slots, make
         its event land the writes, tell the pool."""
         fwd = Forward(self.pool.backend.new_event("forward"))
@@ -144,7 +180,7 @@ class EngineRules:
         is what the ladder realises."""
         self._probe("schedulable", data)
 
-    def _probe(self, mode: str, data) -> None:
+    def _probe(self, mode: str, data: st.DataObject) -> None:
         self._op()
         ps, pool = self.ps, self.pool
         n = pool.available_size()
@@ -222,8 +258,9 @@ class EngineRules:
         assert all(np.array_equal(before[k], after[k]) if isinstance(before[k], np.ndarray)
                    else before[k] == after[k] for k in before), "a rejected call changed the pool"
 
-    def _bad_calls(self, data) -> list:
-        pool, ps, calls = self.pool, self.ps, []
+    def _bad_calls(self, data: st.DataObject) -> list[Callable[[], object]]:
+        pool, ps = self.pool, self.ps
+        calls: list[Callable[[], object]] = []
         dead = [v for v in range(1, pool.vids.size) if v not in self.model.pages]
         if dead:
             v = data.draw(st.sampled_from(dead), label="dead page")
@@ -231,17 +268,17 @@ class EngineRules:
         if ps > 1:
             calls.append(lambda: pool.alloc(ps + 1))
         for band in self.state_bands:
-            calls.append(lambda band=band: pool.release([ps], band=band))
+            calls.append(partial(pool.release, [ps], band=band))
             idle = [s for s in range(1, self.sizes[band]) if s not in self.model.states[band]]
             if idle:
-                calls.append(lambda band=band, s=idle[0]: pool.free_state(band, [s]))
+                calls.append(partial(pool.free_state, band, [idle[0]]))
         tails = [r for r in self._reqs(extendable=True) if len(self.model.reqs[r].tokens) % ps]
         if tails:
             toks = self.model.reqs[tails[0]].tokens  # last_loc one slot past the prefix end
             calls.append(lambda: pool.alloc_extend([len(toks)], [len(toks) + 1], [toks[-1] + 1]))
         return calls
 
-    def _snapshot(self) -> dict:
+    def _snapshot(self) -> dict[str, Any]:
         p = self.pool
         out = {"occ": p.occupancy(), "avail": checks.capacity_views(p), "free": host_ids(p.vids.free).tolist(),
                "stats": {k: v for k, v in p.stats().items() if k != "bands"}}

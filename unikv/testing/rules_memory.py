@@ -5,6 +5,9 @@ steps the reference model."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
@@ -13,9 +16,38 @@ from unikv.testing import checks
 from unikv.testing.device import host_ids
 from unikv.testing.reach import REACHED
 
+if TYPE_CHECKING:
+    from unikv.layout import Layout
+    from unikv.pool import UnifiedPool
+    from unikv.testing.forward import Forward, Pair
+    from unikv.testing.model import ChainModel
+
 
 class MemoryRules:
     """Rules over the pool's memory surface (needs the machine's helpers)."""
+
+    if TYPE_CHECKING:  # what the rules use of `ConformanceMachine` (all set in its setup)
+        pool: UnifiedPool
+        layout: Layout
+        model: ChainModel
+        ps: int
+        token_bands: list[str]
+        state_bands: list[str]
+        window: str
+        has_float: bool
+        max_pages: int
+        inflight: Forward | None
+
+        def _op(self) -> None: ...
+        def _moves(self) -> int: ...
+        def _write(self, band: str, ids: list[int]) -> None: ...
+        def _new_tokens(self, out: Any, fresh: list[list[int]], rids: list[int],
+                        tokens: list[list[int]]) -> None: ...
+        def _reqs(self, extendable: bool = False, live: bool = False) -> list[int]: ...
+        def _room(self) -> list[int]: ...
+        def _shortfall(self, room_before: list[int], what: str) -> None: ...
+        def _live_map(self) -> dict[str, list[int]]: ...
+        def _settle_for(self, pages: Iterable[int] = (), states: Iterable[Pair] = ()) -> None: ...
 
     # -- token allocs --
 
@@ -44,7 +76,7 @@ class MemoryRules:
         self._op()
         self._extend(data)
 
-    def _extend(self, data, olds: list[int] | None = None) -> tuple[list[int], list[int]] | None:
+    def _extend(self, data: st.DataObject, olds: list[int] | None = None) -> tuple[list[int], list[int]] | None:
         """One alloc_extend; the batch's request ids and new token ids, or
         None on a shortfall."""
         if olds is None:
@@ -81,7 +113,7 @@ class MemoryRules:
         self._op()
         self._decode(data)
 
-    def _decode(self, data, rids: list[int] | None = None) -> list[int] | None:
+    def _decode(self, data: st.DataObject, rids: list[int] | None = None) -> list[int] | None:
         if rids is None:
             rids = data.draw(st.lists(st.sampled_from(self._reqs(extendable=True)), unique=True,
                                       min_size=1, max_size=6), label="batch")
@@ -125,7 +157,7 @@ class MemoryRules:
         self._op()
         self._free_some_pages(data.draw(st.sampled_from(self._reqs(live=True)), label="request"), data)
 
-    def _free_some_pages(self, rid: int, data) -> None:
+    def _free_some_pages(self, rid: int, data: st.DataObject) -> None:
         pages = data.draw(st.lists(st.sampled_from(self.model.live_pages(rid)), min_size=1, unique=True),
                           label="pages")
         toks = self.model.reqs[rid].tokens
@@ -172,7 +204,7 @@ class MemoryRules:
         end = data.draw(st.integers(start + 1, end), label="end")
         self._release(band, self.model.reqs[rid].tokens[start:end], start, data)
 
-    def _release(self, band: str, run: list[int], start: int, data) -> None:
+    def _release(self, band: str, run: list[int], start: int, data: st.DataObject) -> None:
         pages = sorted({t // self.ps for t in run})
         self._settle_for(pages)
         m0 = self._moves()

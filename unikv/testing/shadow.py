@@ -43,8 +43,16 @@ class ShadowBytes:
 
     def write(self, band: str, ids: np.ndarray, phys: np.ndarray | None, stamps) -> None:
         """Write `pattern(stamps)` at physical slots `phys` (buffer) and
-        virtual ids `ids` (shadow)."""
+        virtual ids `ids` (shadow); `phys` may be None only when the shadow
+        is not materialised (nothing is written then).
+
+        Raises:
+            ValueError: `phys` is None on a materialised shadow.
+        """
         if self.materialized and len(ids):
+            if phys is None:
+                raise ValueError(f"ShadowBytes.write: phys=None for band {band!r}; a materialised "
+                                 "shadow needs the physical slots")
             rows = pattern(stamps, self.entry[band])
             write_rows(self.views[band], phys, rows)
             self.rows[band][ids] = rows
