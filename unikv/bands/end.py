@@ -232,16 +232,17 @@ class EndBand(BandAllocator):
             self.watermark = wm
         return rest
 
-    def _keep(self, holes: list[int] | None, stored: np.ndarray | None = None) -> list[int]:
-        """Make `holes` (ascending) the hole list, deepest first; return it.
+    def _keep(self, holes: list[int] | None, stored: np.ndarray | None = None) -> None:
+        """Make `holes` (ascending) the hole list, deepest first.
         `stored`: that list as an array already (a view is fine); `holes`
         may then be None, for `_ascending` to build on demand."""
         if stored is None:
+            if holes is None:
+                raise ValueError("internal: _keep needs the holes as a list or as an array")
             stored = np.array(holes if self.up else holes[::-1], dtype=np.int64)
         self.holes = stored
         owner = stored if stored.base is None else stored.base
         self._absorbed = (stored, owner, holes)
-        return holes
 
     def _plan_pack(self, holes: list[int], cap: int | None, urgent: bool):
         """Pair the outermost survivors with the deepest holes (`holes`

@@ -36,7 +36,8 @@ class FloatBand(BandAllocator):
         # Frees since the last absorb: only a free can put a hole on a
         # boundary, so a clean flag lets the absorb skip its host read.
         self.dirty = False
-        self._absorb_memo = None  # (holes array, span, plan) of the last plan_absorb
+        # (holes array, span, plan) of the last plan_absorb
+        self._absorb_memo: tuple[np.ndarray, tuple[int, int], Relocation | None] | None = None
 
     @property
     def live(self) -> int:
