@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from unikv.sim.memory import Memory, int64_ids
 from unikv.sim.request import Request
-from unikv.sim.shortfall import cover
+from unikv.sim.shortfall import cover, remedy
 
 
 @dataclass(slots=True)
@@ -126,9 +126,13 @@ class Scheduler:
 
     def _decode(self, now: float) -> list[int]:
         """One token for every decoding request (the ids they write)."""
+        if not self.decoding:
+            return []
         mem = self.mem
-        out = cover(lambda: mem.decode(self.decoding) if self.decoding else [], mem.evict_some,
-                    lambda: self._retract_newest(now))
+        out = mem.decode(self.decoding)
+        if out is None:  # short: the one shortfall path takes over from this first try
+            out = remedy(lambda: mem.decode(self.decoding) if self.decoding else [], mem.evict_some,
+                         lambda: self._retract_newest(now))
         return out if out is not None else []
 
     def _continue_prefills(self, now: float) -> list[tuple[Request, int]]:

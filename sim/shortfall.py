@@ -38,10 +38,23 @@ def cover(attempt: Callable[[], T | None], evict: Callable[[], bool],
         covered (nothing left to evict and no victim, or `keep` retracted).
     """
     out = attempt()
-    while out is None:
+    if out is None:
+        out = remedy(attempt, evict, retract_newest, keep)
+    return out
+
+
+def remedy(attempt: Callable[[], T | None], evict: Callable[[], bool],
+           retract_newest: Callable[[], Request | None] | None = None,
+           keep: Request | None = None) -> T | None:
+    """`cover` after `attempt()` has just fallen short (the caller made the
+    first try itself, on its hot path): evict or retract, then try again,
+    until it allocates or nothing is left to do. Arguments and answer as
+    for `cover`."""
+    while True:
         if not evict():
             victim = retract_newest() if retract_newest is not None else None
             if victim is None or victim is keep:
                 return None
         out = attempt()
-    return out
+        if out is not None:
+            return out

@@ -68,7 +68,8 @@ class Chain:
         self.sink_bytes = layout.sink_bytes
         self.epoch = epoch
         self.bands: list = []
-        self._float: tuple[list | None, int | None] = (None, None)  # (bands, float index)
+        # (bands, float index, the other indices), computed once per band list
+        self._float: tuple[list | None, int | None, tuple[int, ...]] = (None, None, ())
         self.memo = EpochMemo(epoch)
         # (epoch, extents, schedulable extents or None until asked)
         self._extents: tuple[int, tuple[Extent, ...], tuple[Extent, ...] | None] | None = None
@@ -90,10 +91,23 @@ class Chain:
 
     def float_index(self) -> int | None:
         """Index of the float band (None if the chain has none)."""
-        bands, index = self._float
+        bands, index, _ = self._float
         if bands is not self.bands:  # computed once per band list
-            index = next((i for i, b in enumerate(self.bands) if b.kind is Kind.FLOAT), None)
-            self._float = (self.bands, index)
+            index = self._index_bands()
+        return index
+
+    def non_float_indices(self) -> tuple[int, ...]:
+        """Indices of every band but the float, in chain order."""
+        bands, _, others = self._float
+        if bands is not self.bands:
+            self._index_bands()
+            others = self._float[2]
+        return others
+
+    def _index_bands(self) -> int | None:
+        index = next((i for i, b in enumerate(self.bands) if b.kind is Kind.FLOAT), None)
+        others = tuple(i for i in range(len(self.bands)) if i != index)
+        self._float = (self.bands, index, others)
         return index
 
     # -- capacity --
@@ -146,7 +160,10 @@ class Chain:
 
     def flush_bands(self, indices: Sequence[int], urgent: bool) -> int:
         """Flush the bands at `indices` (a policy's pick); returns page moves."""
-        return sum([self.bands[i].flush(urgent) for i in indices])
+        bands, moves = self.bands, 0
+        for i in indices:
+            moves += bands[i].flush(urgent)
+        return moves
 
     def forget_memos(self) -> None:
         self.memo.clear()

@@ -445,7 +445,7 @@ class UnifiedPool:
         `available_size()` (`policy.absorb_keeps_room`)."""
         chain, order = self.chain, self.token_order
         f = chain.float_index()
-        moves = chain.flush_bands([i for i in range(len(chain.bands)) if i != f], urgent)
+        moves = chain.flush_bands(chain.non_float_indices(), urgent)
         if f is None:
             return moves
         flt = chain.bands[f]
