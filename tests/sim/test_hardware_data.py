@@ -136,9 +136,6 @@ def test_derivation_without_triton_takes_the_fastest_and_refuses_what_it_cannot_
 
 # A path into results/ or ../shared built from string literals, in any package module.
 REPO_READ = re.compile(r"""["'](\.\./)?(results|shared)["'/]|parents\[\d+\]\s*/\s*["'](results|shared)""")
-# Maintainer tools inside the packages that regenerate package data from ../shared on
-# purpose; the library imports none of them (checked below).
-TOOLS = {"traces/samples/build.py": "unikv.traces.samples.build"}
 HELP_TEXT = re.compile(r"""help=|default=Path\(["']results/""")  # where outputs go, or a user's example
 
 
@@ -147,8 +144,6 @@ def test_no_package_module_reads_results_or_shared_at_run_time():
     for top in ("unikv", "sim", "traces"):
         for path in sorted((ROOT / top).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            if rel in TOOLS:
-                continue
             for n, line in enumerate(path.read_text().splitlines(), 1):
                 if REPO_READ.search(line) and not HELP_TEXT.search(line) and "(e.g. ../shared" not in line:
                     offenders.append(f"{rel}:{n}: {line.strip()}")
@@ -159,10 +154,3 @@ def test_the_repository_read_pattern_catches_the_old_reads():
     old = 'HardwareSpec.from_results(Path(__file__).resolve().parents[1] / "results" / "kernels")'
     assert REPO_READ.search(old) and REPO_READ.search('open("results/kernels/move_pages.csv")')
     assert REPO_READ.search('REPO.parent / "shared" / "traces"')
-
-
-def test_no_package_module_imports_the_maintainer_tools():
-    importers = [p.relative_to(ROOT).as_posix() for top in ("unikv", "sim", "traces")
-                 for p in (ROOT / top).rglob("*.py")
-                 if any(m in p.read_text() for m in TOOLS.values()) and p.relative_to(ROOT).as_posix() not in TOOLS]
-    assert importers == []
