@@ -29,7 +29,7 @@ from unikv.testing.driver_engine import ForwardsAndProbes
 from unikv.testing.forward import Forward
 from unikv.testing.model import ChainModel, Request
 from unikv.testing.random_ops import DEFAULT_WEIGHTS, RandomOps
-from unikv.testing.shadow import ShadowBytes
+from unikv.testing.shadow import ShadowBytes, write_fresh
 
 if TYPE_CHECKING:
     from unikv.pool import UnifiedPool
@@ -138,12 +138,7 @@ class Driver(ForwardsAndProbes, RandomOps):
 
     def _write(self, band: str, ids: list[int]) -> None:
         """Write fresh patterns into `ids` of `band` (the model marks them live)."""
-        if not ids:
-            return
-        t, stamps = host_ids(ids), self.model.new_stamps(len(ids))
-        phys = host_ids(self.pool.translate(t, band)) if self.shadow.materialized else None
-        self.shadow.write(band, t, phys, stamps)
-        self.model.write(band, ids, stamps)
+        write_fresh(self.pool, self.shadow, self.model, band, ids)
 
     def _new_tokens(self, rid: int, ids: list[int]) -> None:
         """`rid` got token ids `ids`: bind their fresh pages, write them."""

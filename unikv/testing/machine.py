@@ -38,7 +38,7 @@ from unikv.testing.pools import KINDS, fit_layout, known_core_bug, make_pool, si
 from unikv.testing.reach import EXAMPLES, REACHED, STEPS
 from unikv.testing.rules_engine import EngineRules
 from unikv.testing.rules_memory import MemoryRules
-from unikv.testing.shadow import ShadowBytes
+from unikv.testing.shadow import ShadowBytes, write_fresh
 from unikv.testing.strategies import SHAPES, layouts
 
 if TYPE_CHECKING:
@@ -106,12 +106,7 @@ class ConformanceMachine(MemoryRules, EngineRules, RuleBasedStateMachine):
 
     def _write(self, band: str, ids: list[int]) -> None:
         """Write fresh patterns into `ids` of `band` through translate."""
-        if not ids:
-            return
-        t, stamps = host_ids(ids), self.model.new_stamps(len(ids))
-        phys = host_ids(self.pool.translate(t, band)) if self.shadow.materialized else None
-        self.shadow.write(band, t, phys, stamps)
-        self.model.write(band, ids, stamps)
+        write_fresh(self.pool, self.shadow, self.model, band, ids)
 
     def _new_tokens(self, out, fresh: list[list[int]], rids: list[int], tokens: list[list[int]]) -> None:
         """Record a successful token alloc in the model; write its bytes on

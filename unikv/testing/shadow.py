@@ -3,9 +3,15 @@ through the pool's buffer and kept in a host shadow indexed by virtual id."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from unikv.testing.device import read_rows, write_rows
+from unikv.testing.device import host_ids, read_rows, write_rows
+
+if TYPE_CHECKING:
+    from unikv.pool import UnifiedPool
+    from unikv.testing.model import ChainModel
 
 
 def pattern(stamps, entry_bytes: int) -> np.ndarray:
@@ -62,3 +68,16 @@ class ShadowBytes:
 
     def read(self, band: str, phys: np.ndarray) -> np.ndarray:
         return read_rows(self.views[band], phys)
+
+
+def write_fresh(pool: UnifiedPool, shadow: ShadowBytes, model: ChainModel, band: str,
+                ids: list[int]) -> None:
+    """Write fresh patterns into `ids` of `band` through `pool.translate`
+    (when the shadow keeps bytes) and mark them live in the model: the one
+    write both drivers (the machine and the seeded driver) make."""
+    if not ids:
+        return
+    t, stamps = host_ids(ids), model.new_stamps(len(ids))
+    phys = host_ids(pool.translate(t, band)) if shadow.materialized else None
+    shadow.write(band, t, phys, stamps)
+    model.write(band, ids, stamps)
