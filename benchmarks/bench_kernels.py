@@ -234,12 +234,13 @@ def stamp_row(cuda: bool) -> dict:
             "python": platform.python_version(), "git_rev": rev}
 
 
-def write_rows(path: str, rows: list[dict]) -> None:
-    """Append `rows` to the CSV at `path` (header when the file is new)."""
+def write_rows(path: str, rows: list[dict], fields: list[str] = FIELDS) -> None:
+    """Append `rows` to the CSV at `path` (header `fields` when the file is
+    new). `bench_move_pages.py` appends its own columns through it too."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     new = not os.path.exists(path)
     with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w = csv.DictWriter(f, fieldnames=fields)
         if new:
             w.writeheader()
         w.writerows(rows)

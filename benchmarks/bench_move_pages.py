@@ -16,13 +16,12 @@ method) stamped with the GPU, torch, Triton and git revision.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
-import os
 import subprocess
 import sys
 
 import torch
+from bench_kernels import write_rows  # one CSV appender for the kernel benchmarks (this folder)
 
 KIB = 1024
 PAGE_BYTES = [4 * KIB, 16 * KIB, 32 * KIB, 64 * KIB, 256 * KIB, 1024 * KIB]
@@ -204,19 +203,9 @@ def main(argv=None) -> int:
                       f"-> {by['triton']['frac_of_copy']:.2f} of copy, {by['triton']['x_vs_index']:.1f}x index "
                       f"| graph {by['triton']['gbps_graph'] or '-'} vs {by['copy']['gbps_graph']} "
                       f"ok={by['triton']['ok']}", flush=True)
-    write_rows(args.out, rows)
+    write_rows(args.out, rows, FIELDS)
     summarize(rows)
     return 0
-
-
-def write_rows(path: str, rows: list[dict]) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    new = not os.path.exists(path)
-    with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        if new:
-            w.writeheader()
-        w.writerows(rows)
 
 
 def summarize(rows: list[dict]) -> None:
