@@ -30,8 +30,9 @@ def check_out_dir(out_dir: Path) -> Path:
 
     Raises:
         ValueError: `out_dir` is a file, lies under a file, is a folder that
-            holds something other than a previous unikv output, or its
-            nearest existing parent is not a writable folder.
+            holds something other than a previous unikv output, or no
+            folder can be made in its nearest existing parent (permission,
+            read-only file system).
     """
     out_dir = Path(out_dir).absolute()
     if out_dir.is_symlink():  # write where it points: renaming the link would orphan it
@@ -48,9 +49,20 @@ def check_out_dir(out_dir: Path) -> Path:
         parent = parent.parent
     if not parent.is_dir():
         raise ValueError(f"--out {out_dir}: {parent} is a file, so no folder can be made under it")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {out_dir}: {parent} is not writable (permission denied)")
+    _probe(parent, out_dir)
     return out_dir
+
+
+def _probe(parent: Path, out_dir: Path) -> None:
+    """Make and remove a folder in `parent`: the one test of writability that
+    also holds for root, read-only mounts and pseudo file systems."""
+    probe = parent / f".{out_dir.name}{STAGING_MARK}{os.getpid()}-probe-{secrets.token_hex(4)}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as exc:
+        raise ValueError(f"--out {out_dir}: cannot make a folder in {parent} "
+                         f"({exc.strerror or exc})") from None
 
 
 @contextlib.contextmanager
