@@ -285,23 +285,29 @@ def plan_grid(args: argparse.Namespace) -> tuple[list[Cell], pd.DataFrame, objec
 
 def cell_problem(config: RunConfig, model, df: pd.DataFrame) -> str | None:
     """Why the cell `config` cannot run on the requests `df` (its layout
-    does not apply to the model, its pool does not fit this host, or, with
-    oversize="error", it cannot hold the longest request), or None."""
+    does not apply to the model, or, with oversize="error", it cannot hold
+    the longest request), or None.
+
+    Raises:
+        ValueError: a budget this host cannot simulate (`check_host_memory`):
+            bad input for the whole grid, not one cell.
+    """
     from unikv.sim.layouts import RequestTooLargeError, build_layout, check_fits
     from unikv.sim.run import check_host_memory
 
     try:
         plan = build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
                             kind=config.layout, static_ratio=config.static_ratio)
-        check_host_memory(plan, config.kv_budget_gib)
+    except ValueError as exc:
+        return " ".join(str(exc).split())
+    check_host_memory(plan, config.kv_budget_gib)
+    try:
         if config.oversize == "error":
             longest = int((df["prompt_tokens"] + df["output_tokens"]).max())
             check_fits(plan, longest, prefill_chunk_tokens=config.scheduler.prefill_tokens_per_step,
                        compaction=config.compaction)
     except RequestTooLargeError as exc:
-        return f"cannot hold the trace's longest request: {exc}"
-    except ValueError as exc:
-        return str(exc)
+        return " ".join(f"cannot hold the trace's longest request: {exc}".split())
     return None
 
 
