@@ -22,6 +22,9 @@ from unikv.sim.config import COMPACTIONS, LAYOUTS, OVERSIZE, RunConfig, Schedule
 from unikv.sim.layouts import applicable_kinds
 from unikv.sim.models import load_model
 
+if typing.TYPE_CHECKING:
+    from unikv.sim.run import RunResult
+
 
 def _add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
     """One `--flag` per RunConfig / SchedulerConfig field: its type from the
@@ -320,7 +323,7 @@ def _compare(argv: Sequence[str]) -> int:
     show = show_progress(args.quiet)
     cells, df, hw = plan_grid(args)
     several = len({c.model for c in cells}) > 1
-    results: dict[tuple[str, str], object] = {}
+    results: dict[tuple[str, str], RunResult] = {}
     with staged_dir(args.out) as staged:
         for cell in cells:
             if cell.skip_reason is not None:

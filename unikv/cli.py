@@ -44,7 +44,8 @@ def guarded(command: Callable[[Sequence[str]], int], argv: Sequence[str]) -> int
     try:
         return command(argv)
     except KeyboardInterrupt:
-        print("\nerror: interrupted; no output was changed", file=sys.stderr)
+        # replay and compare leave their outputs as they were (sim/outdir.py)
+        print("\nerror: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BAD_INPUT as exc:
         if os.environ.get(TRACEBACK_ENV):

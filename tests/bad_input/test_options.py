@@ -113,3 +113,15 @@ def test_a_layout_that_does_not_apply_to_a_model_is_reported(tmp_path):
     assert skipped["reason"].str.contains("layouts that apply").all()
     assert (table.loc[table["status"] != "skipped", "status"] == "ok").all() and len(table) == 6
     assert (out / "hymba-1.5b-base" / "end_float_end_lazy" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("flags", [
+    ["--compaction", "eager"],  # with the oracle run, which ignores the mode: it runs lazy
+    ["--layout", "static", "--static-ratio", "0.5"],
+    ["--trace-start-s", "1", "--trace-end-s", "none", "--max-requests", "5", "--reserve-min", "0"],
+])
+def test_options_that_apply_still_run(tmp_path, flags):
+    out = tmp_path / "run"
+    res = run_cli(["replay", "--trace-end-s", "3", "--no-figures", "-q", *flags, "--out", out])
+    assert res.rc == 0, res.stderr
+    assert_complete_or_absent(out)
