@@ -185,3 +185,10 @@ def test_ctrl_c_during_a_replay_is_exit_130_without_a_traceback(tmp_path, capsys
         rc = main(["replay", "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert rc == 130 and "Traceback" not in err and "interrupted" in err
+
+
+def test_results_cmd_follows_the_same_policy(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "unikv.sim.results_cmd", "--replot", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("error: ") and "layouts.csv" in out.stderr and out.stderr.count("\n") == 1
