@@ -12,6 +12,7 @@ import dataclasses
 import math
 import sys
 import typing
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -20,6 +21,9 @@ from tqdm import tqdm
 from unikv.sim.config import COMPACTIONS, LAYOUTS, OVERSIZE, RunConfig, SchedulerConfig
 from unikv.sim.layouts import applicable_kinds
 from unikv.sim.models import load_model
+
+if typing.TYPE_CHECKING:
+    from unikv.sim.run import RunResult
 
 
 def _add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
@@ -75,7 +79,10 @@ def progress_bar(label: str, *, show: bool) -> Iterator[Callable[[int, int], Non
     """A tqdm bar of finished requests on stderr while one replay runs.
 
     Yields `run`'s `progress` callback `(done, total)`, or None when not
-    `show` (no bar and no per-request callback); the bar closes on exit.
+    `show` (no bar and no per-request callback). While the bar is on, a
+    warning is printed through `tqdm.write`, on its own line above the bar;
+    the bar closes on exit (its last line ends with a newline), so an error
+    printed after it starts on its own line too.
     """
     if not show:
         yield None
@@ -87,8 +94,14 @@ def progress_bar(label: str, *, show: bool) -> Iterator[Callable[[int, int], Non
             bar.total = total
         bar.update(done - bar.n)
 
+    def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+        text = warnings.formatwarning(message, category, filename, lineno, line)
+        tqdm.write(text.rstrip("\n"), file=sys.stderr)
+
     try:
-        yield update
+        with warnings.catch_warnings():  # restores the previous showwarning on exit
+            warnings.showwarning = show_warning
+            yield update
     finally:
         bar.close()
 
@@ -137,36 +150,45 @@ def print_summary(summary: dict, identity: dict, wall_s: float) -> None:
 
 
 def replay(argv: Sequence[str] | None = None) -> int:
+    """`unikv replay ARGV`; returns the exit status (`unikv.cli` documents it)."""
+    from unikv.cli import guarded
+
+    return guarded(_replay, sys.argv[1:] if argv is None else argv)
+
+
+def _replay(argv: Sequence[str]) -> int:
     from unikv.sim.figures import run_figures
+    from unikv.sim.outdir import check_out_dir
     from unikv.sim.run import run, write_run
     from unikv.sim.summary import capacity_efficiency
 
     parser = argparse.ArgumentParser(prog="unikv replay", description="replay a trace against one layout")
     _add_config_options(parser)
-    parser.add_argument("--out", type=Path, default=Path("runs/replay"), help="output folder")
+    parser.add_argument("--out", type=Path, default=Path("runs/replay"),
+                        help="output folder, replaced whole when the run is written")
     parser.add_argument("--format", choices=("parquet", "csv"), default="parquet")
     parser.add_argument("--no-oracle", action="store_true", help="skip the oracle run (no capacity efficiency)")
     parser.add_argument("--no-figures", action="store_true")
     _add_quiet(parser, "summary")
     args = parser.parse_args(argv)
     show = show_progress(args.quiet)
-    try:
-        config = _config(args)
-        with progress_bar(config.layout, show=show) as progress:
-            result = run(config, progress=progress)
-        if not args.no_oracle and config.layout != "oracle":
-            with progress_bar("oracle", show=show) as progress:
-                oracle = run(config.with_(layout="oracle"), progress=progress)
-            result.summary.update(capacity_efficiency(result.summary, oracle.summary))
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    out = write_run(result, args.out, args.format)
-    figures = [] if args.no_figures else run_figures(out)
+    config = _config(args)
+    check_out_dir(args.out)  # before the replay: a bad place fails at once
+    with progress_bar(config.layout, show=show) as progress:
+        result = run(config, progress=progress)
+    if not args.no_oracle and config.layout != "oracle":
+        # the oracle ignores compaction and the static ratio
+        oracle_config = config.with_(layout="oracle", compaction="lazy", static_ratio=None)
+        with progress_bar("oracle", show=show) as progress:
+            oracle = run(oracle_config, progress=progress)
+        result.summary.update(capacity_efficiency(result.summary, oracle.summary))
+    figures: list[Path] = []
+    draw = None if args.no_figures else (lambda staged: figures.extend(p.name for p in run_figures(staged)))
+    out = write_run(result, args.out, args.format, extra=draw)
     if not args.quiet:
         print_summary(result.summary, result.identity, result.wall_s)
-        for path in figures:
-            print(f"  figure: {path}")
+        for name in figures:
+            print(f"  figure: {out / name}")
         print(f"  tables and summary: {out}")
     if result.violations:
         print(f"  INVARIANT VIOLATIONS: {result.violations[:5]}", file=sys.stderr)
@@ -175,8 +197,12 @@ def replay(argv: Sequence[str] | None = None) -> int:
 
 
 def grid(config: RunConfig, layouts: Sequence[str], compactions: Sequence[str],
-         static_ratios: Sequence[float]) -> list[tuple[str, RunConfig]]:
-    """(label, config) for every layout x compaction (x static ratio)."""
+         static_ratios: Sequence[float | None]) -> list[tuple[str, RunConfig]]:
+    """(label, config) for every layout x compaction (x static ratio).
+
+    Raises:
+        ValueError: a static ratio `RunConfig` refuses (not finite, <= 0).
+    """
     out = []
     for layout in layouts:
         if layout == "static":
@@ -191,79 +217,180 @@ def grid(config: RunConfig, layouts: Sequence[str], compactions: Sequence[str],
 
 
 def compare(argv: Sequence[str] | None = None) -> int:
-    from unikv.sim.figures import comparison
-    from unikv.sim.run import run, write_run
+    """`unikv compare ARGV`; returns the exit status: 0 every cell ran
+    clean, 1 a cell reported invariant violations, 3 (else) a cell could
+    not run (its row says why), 2 bad input (nothing run)."""
+    from unikv.cli import guarded
 
+    return guarded(_compare, sys.argv[1:] if argv is None else argv)
+
+
+def _compare_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="unikv compare",
                                      description="replay one trace against a grid of layouts x compaction modes")
-    _add_config_options(parser, skip=("layout", "compaction"))
+    # the grid sets layout, compaction and static ratio per cell (--static-ratios sweeps the last)
+    _add_config_options(parser, skip=("layout", "compaction", "static_ratio"))
     parser.add_argument("--models", nargs="+", default=None,
                         help="several models on the same trace, one table (overrides --model); each runs the "
                              "layouts applicable to it, so a 2-kind and a 3-kind model show all four layouts")
-    parser.add_argument("--layouts", nargs="+", default=None, help=f"default: those applicable of {LAYOUTS}")
+    parser.add_argument("--layouts", nargs="+", default=None, choices=LAYOUTS,
+                        help=f"default: those applicable of {LAYOUTS}")
     parser.add_argument("--compactions", nargs="+", default=list(COMPACTIONS), choices=COMPACTIONS)
     parser.add_argument("--static-ratios", nargs="*", type=float, default=[],
                         help="extra static split ratios to sweep (the default ratio always runs)")
-    parser.add_argument("--out", type=Path, default=Path("runs/compare"))
+    parser.add_argument("--out", type=Path, default=Path("runs/compare"),
+                        help="output folder, replaced whole when the comparison is written")
     parser.add_argument("--format", choices=("parquet", "csv"), default="parquet")
     _add_quiet(parser, "comparison table")
-    args = parser.parse_args(argv)
-    show = show_progress(args.quiet)
-    tables = []
+    return parser
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Cell:
+    """One run of a comparison: its model, label, config, and why it
+    cannot run (None: it can)."""
+
+    model: str
+    label: str
+    config: RunConfig
+    skip_reason: str | None = None
+
+
+def plan_grid(args: argparse.Namespace) -> tuple[list[Cell], pd.DataFrame, object]:
+    """Every cell of the comparison, checked before the first one runs.
+
+    Returns:
+        (cells, the trace's requests, the hardware spec), loaded once.
+
+    Raises:
+        ValueError / OSError: bad input anywhere in the grid (an option,
+            a model, a static ratio, the trace, the hardware, --out).
+    """
+    from unikv.sim.cost import HardwareSpec
+    from unikv.sim.outdir import check_out_dir
+    from unikv.sim.run import load_trace
+
+    base = _config(args, layout="oracle")
+    check_out_dir(args.out)
+    models = {name: load_model(name) for name in (args.models or [base.model])}
+    hw = HardwareSpec.load(base.hardware)
+    df = load_trace(base)
+    cells = []
+    for name, model in models.items():
+        layouts = list(args.layouts or applicable_kinds(model))
+        if "oracle" not in layouts:
+            layouts.append("oracle")
+        for label, cfg in grid(base.with_(model=name), layouts, args.compactions,
+                               [None] + list(args.static_ratios)):
+            cells.append(Cell(model=name, label=label, config=cfg, skip_reason=cell_problem(cfg, model, df)))
+    return cells, df, hw
+
+
+def cell_problem(config: RunConfig, model, df: pd.DataFrame) -> str | None:
+    """Why the cell `config` cannot run on the requests `df` (its layout
+    does not apply to the model, or, with oversize="error", it cannot hold
+    the longest request), or None.
+
+    Raises:
+        ValueError: a budget this host cannot simulate (`check_host_memory`):
+            bad input for the whole grid, not one cell.
+    """
+    from unikv.sim.layouts import RequestTooLargeError, build_layout, check_fits
+    from unikv.sim.run import check_host_memory
+
     try:
-        base = _config(args, layout="oracle")
-        models = args.models or [base.model]
-        for model in models:
-            cfg = base.with_(model=model)
-            layouts = list(args.layouts or applicable_kinds(load_model(model)))
-            bad = [x for x in layouts if x not in LAYOUTS]
-            if bad:
-                raise ValueError(f"unknown layouts {bad}; valid layouts are {list(LAYOUTS)}")
-            if "oracle" not in layouts:
-                layouts.append("oracle")
-            results = {}
-            for label, c in grid(cfg, layouts, args.compactions, [None] + list(args.static_ratios)):
-                with progress_bar(label if len(models) == 1 else f"{model} {label}", show=show) as progress:
-                    results[label] = run(c, progress=progress)
-                sub = args.out if len(models) == 1 else args.out / model
-                write_run(results[label], sub / label.replace("/", "_").replace("@", "_"), args.format)
-            tables.append((model, comparison_table(results), any(r.violations for r in results.values())))
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    table = pd.concat([t.assign(model=m) for m, t, _ in tables], ignore_index=True)
-    table = table[["model"] + [c for c in table.columns if c != "model"]]
-    args.out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out / "comparison.csv", index=False)
-    (args.out / "comparison.md").write_text(table.to_markdown(index=False, floatfmt=".4g")
-                                            if _has_tabulate() else table.to_string(index=False))
-    comparison(table, args.out / "comparison.png", f"{', '.join(m for m, _, _ in tables)} | "
-                                                   f"{Path(str(base.trace)).name}")
+        plan = build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
+                            kind=config.layout, static_ratio=config.static_ratio)
+    except ValueError as exc:
+        return " ".join(str(exc).split())
+    check_host_memory(plan, config.kv_budget_gib)
+    try:
+        if config.oversize == "error":
+            longest = int((df["prompt_tokens"] + df["output_tokens"]).max())
+            check_fits(plan, longest, prefill_chunk_tokens=config.scheduler.prefill_tokens_per_step,
+                       compaction=config.compaction)
+    except RequestTooLargeError as exc:
+        return " ".join(f"cannot hold the trace's longest request: {exc}".split())
+    return None
+
+
+def _compare(argv: Sequence[str]) -> int:
+    from unikv.sim.figures import comparison
+    from unikv.sim.outdir import staged_dir
+    from unikv.sim.run import run, write_run
+
+    args = _compare_parser().parse_args(argv)
+    show = show_progress(args.quiet)
+    cells, df, hw = plan_grid(args)
+    several = len({c.model for c in cells}) > 1
+    results: dict[tuple[str, str], RunResult] = {}
+    with staged_dir(args.out) as staged:
+        for cell in cells:
+            if cell.skip_reason is not None:
+                continue
+            label = f"{cell.model} {cell.label}" if several else cell.label
+            with progress_bar(label, show=show) as progress:
+                result = run(cell.config, progress=progress, trace_df=df, hw=hw)
+            results[cell.model, cell.label] = result
+            sub = staged / _safe_name(cell.model) if several else staged
+            write_run(result, sub / cell.label.replace("/", "_").replace("@", "_"), args.format)
+        table = pd.concat([comparison_table(cells, results, m) for m in dict.fromkeys(c.model for c in cells)],
+                          ignore_index=True)
+        _write_comparison(table, staged, f"{', '.join(dict.fromkeys(c.model for c in cells))} | "
+                                         f"{Path(str(cells[0].config.trace)).name}", comparison)
     if not args.quiet:
         with pd.option_context("display.width", 200, "display.max_columns", 20):
             print(table.to_string(index=False))
         print(f"\nwritten: {args.out / 'comparison.csv'}, comparison.md, comparison.png")
-    return 1 if any(bad for _, _, bad in tables) else 0
+    for cell in cells:
+        if cell.skip_reason is not None:
+            print(f"skipped {cell.model} {cell.label}: {cell.skip_reason}", file=sys.stderr)
+    if (table["status"] == "violations").any():
+        return 1
+    return 3 if (table["status"] == "skipped").any() else 0
 
 
-COMPARE_COLUMNS = ["label", "layout", "compaction", "capacity_efficiency", "throughput_efficiency",
-                   "mean_running", "throughput_tok_s", "admission_rate", "ttft_p50_s", "ttft_p90_s",
-                   "tpot_mean_s", "retractions", "rejected", "mean_available_tokens",
+def _safe_name(model: str) -> str:
+    """A folder name for `model` (a bundled name, or a config path)."""
+    return model.strip("/").replace("/", "_").replace("\\", "_") or "model"
+
+
+def _write_comparison(table: pd.DataFrame, out: Path, title: str, draw) -> None:
+    table.to_csv(out / "comparison.csv", index=False)
+    (out / "comparison.md").write_text(table.to_markdown(index=False, floatfmt=".4g")
+                                       if _has_tabulate() else table.to_string(index=False))
+    draw(table[table["status"] != "skipped"], out / "comparison.png", title)
+
+
+COMPARE_COLUMNS = ["model", "label", "layout", "compaction", "status", "reason", "capacity_efficiency",
+                   "throughput_efficiency", "mean_running", "throughput_tok_s", "admission_rate", "ttft_p50_s",
+                   "ttft_p90_s", "tpot_mean_s", "retractions", "rejected", "mean_available_tokens",
                    "mean_hole_ratio", "mean_unusable_free_ratio", "moves", "moved_bytes",
                    "compaction_overhead", "wall_s"]
+"""Columns of comparison.csv. status: "ok", "violations" (the run broke an
+invariant: see its summary.json) or "skipped" (reason: why it could not run)."""
 
 
-def comparison_table(results: dict) -> pd.DataFrame:
+def comparison_table(cells: Sequence[Cell], results: dict, model: str) -> pd.DataFrame:
+    """One row per cell of `model`, in grid order; metrics of the cells
+    that ran, capacity efficiency against that model's oracle."""
     from unikv.sim.summary import capacity_efficiency
 
-    oracle = results.get("oracle")
+    oracle = results.get((model, "oracle"))
     rows = []
-    for label, res in results.items():
+    for cell in (c for c in cells if c.model == model):
+        row = {"model": model, "label": cell.label, "layout": cell.config.layout,
+               "compaction": cell.config.compaction}
+        res = results.get((model, cell.label))
+        if res is None:
+            rows.append({**row, "status": "skipped", "reason": cell.skip_reason})
+            continue
         s = dict(res.summary)
         if oracle is not None:
             s.update(capacity_efficiency(s, oracle.summary))
-        rows.append({"label": label, "layout": res.config.layout, "compaction": res.config.compaction,
-                     "wall_s": res.wall_s, **{k: s.get(k) for k in COMPARE_COLUMNS if k in s}})
+        rows.append({**row, "status": "violations" if res.violations else "ok",
+                     "reason": "; ".join(res.violations[:3]), "wall_s": res.wall_s,
+                     **{k: s.get(k) for k in COMPARE_COLUMNS if k in s}})
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
 
 

@@ -6,11 +6,17 @@ every field into a `--flag` of the field's type).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
 LAYOUTS = ("static", "end_end", "end_float_end", "oracle")
 COMPACTIONS = ("lazy", "eager")
 OVERSIZE = ("error", "reject")
+RATIO_LAYOUTS = ("static",)
+"""The layouts `static_ratio` applies to (`sim.layouts.build_layout`)."""
+COMPACTING_LAYOUTS = ("end_end", "end_float_end")
+"""The layouts whose pool compacts (`LayoutPlan.make_pool`: static and
+oracle pools ignore the mode), so the only ones `compaction="eager"` may name."""
 
 
 def _opt(default, help: str):
@@ -33,9 +39,8 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_running", "prefill_tokens_per_step"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"scheduler.{name}={value!r} must be a positive integer")
+            _check_int(f"scheduler.{name}", getattr(self, name), minimum=1)
+        _check_reserve(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,19 +108,11 @@ class RunConfig:
                                   ("oversize", OVERSIZE, "modes")):
             if getattr(self, name) not in valid:
                 raise ValueError(f"{name}={getattr(self, name)!r}; valid {what} are {list(valid)}")
-        for name in ("kv_budget_gib", "rate_scale"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
-        for name in ("rate_rps", "spread_s"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name}={value!r} must be > 0 or None")
         if not isinstance(self.hardware, str) or not self.hardware:
             raise ValueError(f"hardware={self.hardware!r} must be a bundled hardware name or a file path")
-        for name in ("page_size", "max_context_tokens", "max_requests"):
-            value = getattr(self, name)
-            if (value is not None or name == "page_size") and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}={value!r} must be a positive integer")
+        _check_numbers(self)
+        _check_trace_window(self)
+        _check_applies(self)
 
     def with_(self, **changes) -> RunConfig:
         """A copy with `changes` (scheduler fields may be given flat)."""
@@ -126,6 +123,76 @@ class RunConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _check_int(name: str, value, *, minimum: int) -> None:
+    """Raise unless `value` is an int (not a bool) >= `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{name}={value!r} must be {what}")
+
+
+def _check_real(name: str, value, *, positive: bool = False, optional: bool = False) -> None:
+    """Raise unless `value` is a finite real number (> 0 when `positive`;
+    None allowed when `optional`). inf and nan are refused: a window or a
+    rate of inf would run forever or silently select nothing."""
+    if value is None and optional:
+        return
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not ok or (positive and not value > 0):
+        what = "a finite number" + (" > 0" if positive else "") + (" or None" if optional else "")
+        raise ValueError(f"{name}={value!r} must be {what}")
+
+
+def _check_reserve(sched: SchedulerConfig) -> None:
+    """The decode reserve: ratios in [0, 1], init >= min, decay finite >= 0."""
+    for name in ("reserve_init", "reserve_min"):
+        value = getattr(sched, name)
+        _check_real(f"scheduler.{name}", value)
+        if not 0 <= value <= 1:
+            raise ValueError(f"scheduler.{name}={value!r} must be a ratio in [0, 1]")
+    if sched.reserve_init < sched.reserve_min:
+        raise ValueError(f"scheduler.reserve_init={sched.reserve_init!r} must be >= "
+                         f"scheduler.reserve_min={sched.reserve_min!r} (the reserve decays from init to min)")
+    _check_real("scheduler.reserve_decay", sched.reserve_decay)
+    if sched.reserve_decay < 0:
+        raise ValueError(f"scheduler.reserve_decay={sched.reserve_decay!r} must be >= 0")
+
+
+def _check_numbers(config: RunConfig) -> None:
+    """Every number of a RunConfig: finite, in range, of its type."""
+    for name in ("kv_budget_gib", "rate_scale"):
+        _check_real(name, getattr(config, name), positive=True)
+    for name in ("rate_rps", "spread_s"):
+        _check_real(name, getattr(config, name), positive=True, optional=True)
+    _check_int("page_size", config.page_size, minimum=1)
+    for name in ("max_context_tokens", "max_requests"):
+        if getattr(config, name) is not None:
+            _check_int(name, getattr(config, name), minimum=1)
+    for name in ("seed", "check_every"):
+        _check_int(name, getattr(config, name), minimum=0)
+
+
+def _check_trace_window(config: RunConfig) -> None:
+    """`[trace_start_s, trace_end_s)`: finite bounds, start < end."""
+    _check_real("trace_start_s", config.trace_start_s)
+    _check_real("trace_end_s", config.trace_end_s, optional=True)
+    if config.trace_end_s is not None and not config.trace_start_s < config.trace_end_s:
+        raise ValueError(f"trace_end_s={config.trace_end_s!r} must be > trace_start_s={config.trace_start_s!r} "
+                         "(the window [start, end) would be empty)")
+
+
+def _check_applies(config: RunConfig) -> None:
+    """Options that do nothing for the chosen layout are refused, not recorded."""
+    ratio = config.static_ratio
+    if ratio is not None and config.layout not in RATIO_LAYOUTS:
+        raise ValueError(f"static_ratio={ratio!r} applies only to layout {' or '.join(RATIO_LAYOUTS)}, "
+                         f"not layout={config.layout!r}; leave it unset")
+    if isinstance(ratio, (int, float)):  # a StaticRatio checks its own fields
+        _check_real("static_ratio", ratio, positive=True)
+    if config.compaction != "lazy" and config.layout not in COMPACTING_LAYOUTS:
+        raise ValueError(f"compaction={config.compaction!r} has no effect on layout={config.layout!r} "
+                         f"(only {', '.join(COMPACTING_LAYOUTS)} compact); leave it at 'lazy'")
 
 
 SCHEDULER_FIELDS = {f.name for f in fields(SchedulerConfig)}

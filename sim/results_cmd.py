@@ -212,4 +212,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from unikv.cli import guarded  # the CLI's error policy: one line for bad input, exit 2
+
+    sys.exit(guarded(main, sys.argv[1:]))

@@ -6,6 +6,7 @@ import contextlib
 import gc
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from unikv.sim.fit import max_request_tokens
 from unikv.sim.layouts import RequestTooLargeError, build_layout, check_fits
 from unikv.sim.memory import Memory
 from unikv.sim.models import load_model
+from unikv.sim.outdir import staged_dir
 from unikv.sim.request import Request
 from unikv.sim.summary import summarize
 
@@ -189,6 +191,7 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     model = load_model(config.model)
     plan = build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
                         kind=config.layout, static_ratio=config.static_ratio)
+    check_host_memory(plan, config.kv_budget_gib)
     reqs = _requests(df)
     limit = _request_limit(plan, config, reqs)
     pool = plan.make_pool(SimBackend(), config.compaction, ids="numpy")  # host ids, no tensor per call
@@ -251,10 +254,80 @@ def _identity(config: RunConfig, df: pd.DataFrame, model, plan) -> dict:
     }
 
 
-def write_run(result: RunResult, out_dir: Path, fmt: str = "parquet") -> Path:
-    """Write steps / requests tables, summary.json and config.json."""
+# Host bytes a pool takes per page-table entry, measured with tracemalloc at
+# 256 GiB (tables, id stacks, bind counts): 1.4-2.2; rounded up for margin.
+POOL_HOST_BYTES_PER_ENTRY = 20
+
+
+def pool_host_bytes(plan) -> int:
+    """Host bytes the pool of `plan` allocates at construction (an estimate
+    from its page-table entries: every token band's table spans the joint
+    virtual id space, see docs/architecture.md)."""
+    from unikv.layout import Unit
+
+    token_vspace = 1 + sum(g.usable_pages for g in plan.layout if g.band.unit is Unit.TOKEN)
+    entries = sum((token_vspace if g.band.unit is Unit.TOKEN else g.usable_pages + 1) + g.num_pages
+                  for g in plan.layout)
+    return POOL_HOST_BYTES_PER_ENTRY * entries
+
+
+def host_memory_bytes() -> int | None:
+    """Bytes this host can still allocate (MemAvailable), or its physical
+    memory where /proc/meminfo is missing; None when neither is known."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def check_host_memory(plan, kv_budget_gib: float) -> None:
+    """Refuse a budget whose simulated pool this host cannot hold, before
+    anything is allocated (its page tables grow with the budget).
+
+    Raises:
+        ValueError: naming the budget, the host bytes it needs, what the
+            host has, and the largest budget that fits.
+    """
+    need, have = pool_host_bytes(plan), host_memory_bytes()
+    if have is None or need <= have:
+        return
+    most = kv_budget_gib * have / need
+    raise ValueError(f"kv_budget_gib={kv_budget_gib!r}: simulating a pool of this budget needs about "
+                     f"{need / GIB:.3g} GiB of host memory for its page tables, but this host has "
+                     f"{have / GIB:.3g} GiB available; give a budget below about {most:.3g} GiB")
+
+
+def write_run(result: RunResult, out_dir: Path, fmt: str = "parquet",
+              extra: Callable[[Path], object] | None = None) -> Path:
+    """Write steps / requests tables, summary.json and config.json into
+    `out_dir`, atomically (`staged_dir`): the folder then holds this run
+    only, in `fmt`, or, if writing failed, the previous run untouched.
+
+    Args:
+        fmt: "parquet" or "csv".
+        extra: called with the staged folder after the tables are written
+            (e.g. the figures, drawn from the files just written).
+
+    Raises:
+        ValueError: a bad `fmt` or output folder (`check_out_dir`).
+        OSError: the folder cannot be written.
+    """
+    if fmt not in ("parquet", "csv"):
+        raise ValueError(f"format={fmt!r} must be 'parquet' or 'csv'")
+    with staged_dir(out_dir) as tmp:
+        write_run_files(result, tmp, fmt)
+        if extra is not None:
+            extra(tmp)
+    return Path(out_dir)
+
+
+def write_run_files(result: RunResult, out_dir: Path, fmt: str = "parquet") -> Path:
+    """Write the run's four files into the existing folder `out_dir` (not
+    atomic: `write_run` calls it on a staged folder)."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     for name, frame in (("steps", result.steps), ("requests", result.requests)):
         if fmt == "parquet":
             frame.to_parquet(out_dir / f"{name}.parquet", index=False)

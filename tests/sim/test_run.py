@@ -24,9 +24,9 @@ def test_same_inputs_same_outputs():
     assert a.violations == [] and a.summary["finished"] == a.summary["arrived"] > 20
 
 
-@pytest.mark.parametrize("layout", ["static", "end_end", "oracle"])
-def test_every_layout_runs_and_keeps_invariants(layout):
-    res = run(RunConfig(**SMALL, layout=layout, compaction="eager"))
+@pytest.mark.parametrize(("layout", "compaction"), [("static", "lazy"), ("end_end", "eager"), ("oracle", "lazy")])
+def test_every_layout_runs_and_keeps_invariants(layout, compaction):
+    res = run(RunConfig(**SMALL, layout=layout, compaction=compaction))
     assert res.violations == []
     assert res.summary["finished"] == res.summary["arrived"]
 
