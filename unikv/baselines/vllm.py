@@ -60,8 +60,7 @@ class VllmPool(UnifiedPool):
             (read by `unikv.sim.vllm_rules.prefix_block_tokens`).
         ids: as for `UnifiedPool`.
     Raises:
-        ValueError: a bad argument, a band page that is not whole blocks, or
-            a budget without a usable block for one page of every band.
+        ValueError: a bad argument, or a band page that is not whole blocks.
     """
 
     def __init__(self, layout: Layout, backend=None, *, block_bytes: int | None = None,
@@ -77,12 +76,9 @@ class VllmPool(UnifiedPool):
         self.usable_blocks = self.total_blocks - 1  # block 0: the null block
         self.prefix_caching = prefix_caching
         self.budget_layout = layout
-        budget = self.usable_blocks * self.block_bytes
-        small = [g.band.name for g in layout if _page_bytes(g.band) > budget]
-        if small:
-            raise ValueError(f"a {layout.total_bytes}-byte budget holds {self.usable_blocks} usable "
-                             f"{self.block_bytes}-byte blocks, less than one page of band(s) {small}")
-        self.band_classes = {"block": _bound_band(budget)}
+        # `layout` already holds a page of every band past its sink (>= one
+        # page), so the usable blocks hold one too.
+        self.band_classes = {"block": _bound_band(self.usable_blocks * self.block_bytes)}
         self.peak_live_blocks = 0
         super().__init__(_grid_layout(layout, self.block_bytes), backend, ids=ids)
 
