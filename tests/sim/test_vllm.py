@@ -156,3 +156,40 @@ def test_every_model_it_applies_to_builds_a_pool_with_room(name):
     for band in plan.layout.state_bands:
         assert pool.available_state(band.name) > 0
     assert plan.metadata["layout"] == "vllm" and plan.metadata["vllm"]["num_blocks"] == pool.total_blocks
+
+
+@pytest.mark.parametrize(("name", "trace", "budget"), [
+    ("gpt-oss-20b", "azure_conv", 0.3),
+    ("granite-4.0-h-small", "azure_conv", 2.0),
+    ("gemma-3-12b", "mooncake_conversation", 2.0),  # prefix hashes: the window hit rule
+])
+def test_replays_on_vllm_pass_every_check(name, trace, budget):
+    from unikv.sim.config import RunConfig
+    from unikv.sim.run import run
+
+    res = run(RunConfig(model=name, trace=trace, layout="vllm", kv_budget_gib=budget, trace_end_s=20,
+                        max_requests=60, check_every=1, oversize="reject"))
+    assert res.violations == []
+    assert res.summary["finished"] > 0
+    assert res.identity["vllm"]["num_blocks"] > 0
+    assert res.identity["page_size"] == res.identity["vllm"]["block_tokens"]
+
+
+def test_a_window_model_resumes_from_blocks_still_in_the_window():
+    # vLLM's hit rule for full + sliding groups (HybridKVCacheCoordinator):
+    # the full prefix must be cached and the sliding groups' last window of it.
+    model = spec(full=1, swa=5, window=32)
+    plan = build_layout(model, kv_budget_gib=0.01, page_size=16, kind="vllm")
+    pool = plan.make_pool(SimBackend())
+    mem = Memory(pool, window_tokens=32, block_tokens=16)
+    first = Request(0, 0.0, 64, 1, hashes=(1, 2, 3, 4))
+    mem.take_hit(first, 0.0)
+    assert mem.extend(first, 64)
+    mem.ratchet([first])  # pages 0-1 left the window: their sliding blocks are back
+    held = pool.live_blocks()
+    assert held == 4 * 1 + 2 * 5
+    mem.finish(first, 1.0)
+    assert pool.live_blocks() == held  # the cache keeps them
+    second = Request(1, 2.0, 80, 1, hashes=(1, 2, 3, 4, 5))
+    assert len(mem.usable_hit(second)) == 4  # 64 tokens: the window before the cut is still held
+    assert pool.verify() == [] and mem.check([]) == []
