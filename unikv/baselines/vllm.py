@@ -76,6 +76,7 @@ class VllmPool(UnifiedPool):
         self.usable_blocks = self.total_blocks - 1  # block 0: the null block
         self.prefix_caching = prefix_caching
         self.budget_layout = layout
+        self._page_blocks = {g.band.name: _page_bytes(g.band) // self.block_bytes for g in layout}
         # `layout` already holds a page of every band past its sink (>= one
         # page), so the usable blocks hold one too.
         self.band_classes = {"block": _bound_band(self.usable_blocks * self.block_bytes)}
@@ -89,12 +90,11 @@ class VllmPool(UnifiedPool):
 
     def page_blocks(self) -> dict[str, int]:
         """Blocks one page (a state band: one slot) of each band takes."""
-        return {g.band.name: _page_bytes(g.band) // self.block_bytes for g in self.budget_layout}
+        return dict(self._page_blocks)
 
     def live_blocks(self) -> int:
         """Blocks every band holds live now."""
-        per = self.page_blocks()
-        return sum([self.bands[n].live * k for n, k in per.items()])
+        return sum([self.bands[n].live * k for n, k in self._page_blocks.items()])
 
     def free_blocks(self) -> int:
         """Usable blocks no band holds (vLLM's `get_num_free_blocks`, no cache)."""
