@@ -209,8 +209,8 @@ def grid(config: RunConfig, layouts: Sequence[str], compactions: Sequence[str],
             for r in static_ratios or [None]:
                 label = "static" if r is None else f"static@{r:g}"
                 out.append((label, config.with_(layout="static", static_ratio=r, compaction="lazy")))
-        elif layout == "oracle":
-            out.append(("oracle", config.with_(layout="oracle", compaction="lazy")))
+        elif layout in ("oracle", "vllm"):  # no compaction to vary
+            out.append((layout, config.with_(layout=layout, compaction="lazy")))
         else:
             out.extend((f"{layout}/{c}", config.with_(layout=layout, compaction=c)) for c in compactions)
     return out

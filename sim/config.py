@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
-LAYOUTS = ("static", "end_end", "end_float_end", "oracle")
+LAYOUTS = ("static", "end_end", "end_float_end", "oracle",
+           "vllm")
 COMPACTIONS = ("lazy", "eager")
 OVERSIZE = ("error", "reject")
 RATIO_LAYOUTS = ("static",)

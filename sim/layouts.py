@@ -4,7 +4,8 @@
 `ModelSpec` into a `LayoutPlan`: the `Layout` (bands "mamba", "swa", "full"
 low byte -> high byte), the pool class that drives it, and, for the static
 split, the byte fractions a serving engine's start-up ratios give
-(`docs/models.md`, "Static split").
+(`docs/models.md`, "Static split"); for `vllm`, vLLM's KV-cache groups
+(`sim.vllm_rules`, docs/models.md "Baselines: vllm").
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ from dataclasses import dataclass, field
 
 from unikv.sim.fit import fits_alone
 from unikv.sim.models import ModelSpec
+from unikv.sim.vllm_rules import VllmGroups, vllm_bands, vllm_groups, vllm_refusal
 
 from unikv import Band, Layout, OraclePool, StaticPartitionPool, UnifiedPool
+from unikv.baselines import VllmPool
 
-LAYOUT_KINDS = ("static", "end_end", "end_float_end", "oracle")
+LAYOUT_KINDS = ("static", "end_end", "end_float_end", "oracle",
+                "vllm")
 
 # SGLang defaults (python/sglang/srt/server_args.py): swa pool tokens / full pool
 # tokens, and mamba state bytes / full KV bytes. Sources in docs/models.md.
@@ -26,7 +30,8 @@ DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
 
 _POOL_CLASSES = {"static": StaticPartitionPool, "end_end": UnifiedPool,
-                 "end_float_end": UnifiedPool, "oracle": OraclePool}
+                 "end_float_end": UnifiedPool, "oracle": OraclePool,
+                 "vllm": VllmPool}
 _GROWS = {1: ("down",), 2: ("up", "down"), 3: ("up", "float", "down")}
 
 
@@ -67,6 +72,7 @@ class LayoutPlan:
         pool_class: "UnifiedPool", "StaticPartitionPool" or "OraclePool".
         fractions: band -> share of the bytes past the sink (static only).
         static_ratio: the ratios the fractions came from (static only).
+        vllm: vLLM's KV-cache groups (vllm only; `sim.vllm_rules`).
     """
 
     kind: str
@@ -75,6 +81,7 @@ class LayoutPlan:
     pool_class: str
     fractions: Mapping[str, float] | None = field(default=None, hash=False)
     static_ratio: StaticRatio | None = None
+    vllm: VllmGroups | None = None
 
     @property
     def page_size(self) -> int:
@@ -96,6 +103,9 @@ class LayoutPlan:
             return StaticPartitionPool(self.layout, backend, fractions=dict(self.fractions), ids=ids)
         if self.kind == "oracle":
             return OraclePool(self.layout, backend, ids=ids)
+        if self.vllm is not None:
+            return VllmPool(self.layout, backend, block_bytes=self.vllm.block_bytes,
+                            prefix_caching=self.vllm.prefix_caching, ids=ids)
         return UnifiedPool(self.layout, backend, compaction=compaction, ids=ids)
 
     @property
@@ -109,6 +119,7 @@ class LayoutPlan:
             "fractions": dict(self.fractions) if self.fractions else None,
             "swa_full_tokens_ratio": ratio.swa_full_tokens if ratio else None,
             "mamba_full_memory_ratio": ratio.mamba_full_memory if ratio else None,
+            "vllm": _vllm_metadata(self) if self.vllm else None,
         }
 
 
@@ -116,7 +127,10 @@ def applicable_kinds(model: ModelSpec) -> tuple[str, ...]:
     """The layout kinds `build_layout` accepts for `model`."""
     n_bands = len(model.kinds)
     middle = "end_float_end" if n_bands == 3 else "end_end"
-    return ("static", middle, "oracle")
+    kinds: tuple[str, ...] = ("static", middle, "oracle")
+    if vllm_refusal(model) is None:
+        kinds += ("vllm",)
+    return kinds
 
 
 def model_bands(model: ModelSpec, page_size: int) -> tuple[Band, ...]:
@@ -211,19 +225,24 @@ def build_layout(model: ModelSpec, *, kv_budget_gib: float, page_size: int, kind
         raise ValueError(f"kv_budget_gib={kv_budget_gib!r} must be a positive number")
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
         raise ValueError(f"page_size={page_size!r} must be a positive integer")
-    layout = Layout(total_bytes=int(kv_budget_gib * 2**30), bands=model_bands(model, page_size))
+    groups = vllm_groups(model, page_size) if kind == "vllm" else None
+    bands = vllm_bands(model, groups) if groups else model_bands(model, page_size)
+    layout = Layout(total_bytes=int(kv_budget_gib * 2**30), bands=bands)
     ratio = fractions = None
     if kind == "static":
         ratio = _resolve_ratio(model, static_ratio)
         fractions = static_fractions(model, ratio)
     return LayoutPlan(kind=kind, model=model, layout=layout,
                       pool_class=_POOL_CLASSES[kind].__name__, fractions=fractions,
-                      static_ratio=ratio)
+                      static_ratio=ratio, vllm=groups)
 
 
 def _check_kind(model: ModelSpec, kind: str) -> None:
     if kind in applicable_kinds(model):
         return
+    if kind == "vllm":
+        raise ValueError(f"the vllm layout does not apply: {vllm_refusal(model)}; layouts that "
+                         f"apply: {applicable_kinds(model)}")
     have = ", ".join(model.kinds) or "none"
     if kind == "end_float_end":
         missing = [k for k in ("full", "swa", "mamba") if k not in model.kinds]
@@ -232,6 +251,17 @@ def _check_kind(model: ModelSpec, kind: str) -> None:
                          f"apply: {applicable_kinds(model)}")
     raise ValueError(f"{kind} holds at most two bands; model {model.name!r} has three "
                      f"({have}); layouts that apply: {applicable_kinds(model)}")
+
+
+def _vllm_metadata(plan: LayoutPlan) -> dict:
+    """vLLM's sizing of `plan` as its start-up log states it (`sim.vllm_rules`)."""
+    groups = plan.vllm
+    assert groups is not None
+    blocks = groups.num_blocks(plan.kv_budget_bytes)
+    return {"block_tokens": groups.block_tokens, "group_layers": groups.group_layers,
+            "groups": dict(groups.groups), "block_bytes": groups.block_bytes, "num_blocks": blocks,
+            "kv_cache_tokens": groups.kv_cache_tokens(blocks), "prefix_caching": groups.prefix_caching,
+            "state_blocks": groups.state_blocks, "mamba_padding_pct": groups.mamba_padding_pct()}
 
 
 def worst_case_request_bytes(model: ModelSpec, prompt_tokens: int, output_tokens: int,

@@ -15,6 +15,7 @@ import numpy as np
 from unikv.sim.memory_check import check_holdings
 from unikv.sim.prefix_cache import Node, PrefixCache
 from unikv.sim.request import Request
+from unikv.sim.vllm_rules import prefix_block_tokens
 
 
 def int64_ids(values: list[int]) -> np.ndarray:
@@ -46,6 +47,7 @@ class Memory:
         self.window = window_tokens
         self.swa = "swa" in pool.bands and window_tokens is not None
         self.state_band = next((b.name for b in pool.layout.state_bands), None)
+        block_tokens = prefix_block_tokens(pool, block_tokens)  # vLLM: none for mamba hybrids
         if block_tokens is not None and block_tokens % self.ps:
             raise ValueError(f"prefix block of {block_tokens} tokens is not a multiple of "
                              f"page_size={self.ps}")

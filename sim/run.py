@@ -243,7 +243,8 @@ def _identity(config: RunConfig, df: pd.DataFrame, model, plan) -> dict:
         "trace_slice": {f: getattr(config, f) for f in TRACE_FIELDS if f != "trace"},
         "model": model.name,
         "kv_budget_bytes": plan.layout.total_bytes,
-        "page_size": config.page_size,
+        "page_size": plan.page_size,  # vllm: vLLM's block size (config.page_size for the others)
+        "vllm": plan.metadata["vllm"],  # vLLM's groups and sizing (None for other layouts)
         "layout": config.layout,
         "bands": [f"{b.name}({b.grow.value})" for b in plan.layout.bands],
         "compaction": config.compaction,

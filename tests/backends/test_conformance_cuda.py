@@ -24,13 +24,14 @@ from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
 from unikv.testing import KINDS, Driver, cuda_backend, make_layout, make_pool  # noqa: E402
 from unikv.testing.machine import machine_for  # noqa: E402
+from unikv.testing.pools import BOOKKEEPING_KINDS  # noqa: E402
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])]
 CPU_EXAMPLES = 12  # per pool kind on the CPU device (about 400 rule steps)
-# The oracle refuses a materialised backend (its physical ids are bookkeeping
-# only) and CudaBackend always keeps bytes: it runs on the sim backend only.
-DEVICE_KINDS = [k for k in KINDS if k != "oracle"]
+# The oracle and vllm refuse a materialised backend (their physical ids are
+# bookkeeping only) and CudaBackend always keeps bytes: they run on the sim backend only.
+DEVICE_KINDS = [k for k in KINDS if k not in BOOKKEEPING_KINDS]
 
 
 def machine_settings(device: str) -> settings:

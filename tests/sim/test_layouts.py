@@ -36,7 +36,7 @@ POOLS = {"static": StaticPartitionPool, "end_end": UnifiedPool, "end_float_end":
 
 
 def _cases():
-    return [(m, k) for m in MODELS for k in applicable_kinds(MODELS[m])]
+    return [(m, k) for m in MODELS for k in applicable_kinds(MODELS[m]) if k != "vllm"]  # test_vllm.py
 
 
 @pytest.mark.parametrize("model_key, kind", _cases())
@@ -54,9 +54,9 @@ def test_every_applicable_kind_builds_a_pool_with_room(model_key, kind):
 
 
 def test_applicable_kinds():
-    assert applicable_kinds(MODELS["dense"]) == ("static", "end_end", "oracle")
-    assert applicable_kinds(MODELS["swa"]) == ("static", "end_end", "oracle")
-    assert applicable_kinds(THREE) == ("static", "end_float_end", "oracle")
+    assert applicable_kinds(MODELS["dense"]) == ("static", "end_end", "oracle", "vllm")
+    assert applicable_kinds(MODELS["swa"]) == ("static", "end_end", "oracle", "vllm")
+    assert applicable_kinds(THREE) == ("static", "end_float_end", "oracle", "vllm")
 
 
 def test_token_bands_carry_blocks_per_page_and_entry_bytes():
@@ -84,7 +84,7 @@ def test_end_end_on_three_kinds_and_unknown_kind():
         build_layout(THREE, kv_budget_gib=8, page_size=16, kind="end_end")
     with pytest.raises(ValueError, match="static.*end_end.*end_float_end.*oracle"):
         build_layout(THREE, kv_budget_gib=8, page_size=16, kind="float")
-    assert LAYOUT_KINDS == ("static", "end_end", "end_float_end", "oracle")
+    assert LAYOUT_KINDS == ("static", "end_end", "end_float_end", "oracle", "vllm")
 
 
 @pytest.mark.parametrize("kwargs, field", [

@@ -110,7 +110,7 @@ def test_compare_cli_runs_the_grid(tmp_path):
                     "--out", str(tmp_path), "--format", "csv", "--compactions", "lazy", "eager"])
     assert code == 0
     table = pd.read_csv(tmp_path / "comparison.csv")
-    assert set(table["label"]) == {"static", "end_end/lazy", "end_end/eager", "oracle"}
+    assert set(table["label"]) == {"static", "end_end/lazy", "end_end/eager", "vllm", "oracle"}
     assert (table.loc[table["label"] == "oracle", "capacity_efficiency"] == 1.0).all()
 
 
@@ -122,7 +122,7 @@ def test_compare_shows_the_four_layouts_side_by_side(tmp_path):
                     "--out", str(tmp_path), "--format", "csv", "--compactions", "lazy"])
     assert code == 0
     table = pd.read_csv(tmp_path / "comparison.csv")
-    assert set(table["layout"]) == {"static", "end_end", "end_float_end", "oracle"}
+    assert set(table["layout"]) == {"static", "end_end", "end_float_end", "vllm", "oracle"}
     assert set(table.loc[table["layout"] == "end_float_end", "model"]) == {"hymba-1.5b-base"}
     assert (table.loc[table["layout"] == "oracle", "capacity_efficiency"] == 1.0).all()
     assert (tmp_path / "hymba-1.5b-base" / "end_float_end_lazy").is_dir()

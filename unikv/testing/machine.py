@@ -17,7 +17,7 @@ rule the invariant `healthy` runs `checks.pool_violations`.
 
 `machine_for(kind, shapes, backend=...)` gives the machine of one pool kind
 ("eager" and "lazy" `UnifiedPool`, "static" `StaticPartitionPool`, "oracle"
-`OraclePool`: no byte or overlap checks) on one backend (`pools.sim_backend`,
+`OraclePool` and "vllm" `VllmPool`: no byte or overlap checks) on one backend (`pools.sim_backend`,
 or `pools.cuda_backend(device)`).
 """
 
@@ -34,7 +34,7 @@ from unikv.testing import checks
 from unikv.testing.device import host_ids
 from unikv.testing.forward import Forward, Pair, land
 from unikv.testing.model import ChainModel
-from unikv.testing.pools import KINDS, fit_layout, known_core_bug, make_pool, sim_backend
+from unikv.testing.pools import BOOKKEEPING_KINDS, KINDS, fit_layout, known_core_bug, make_pool, sim_backend
 from unikv.testing.reach import EXAMPLES, REACHED, STEPS
 from unikv.testing.rules_engine import EngineRules
 from unikv.testing.rules_memory import MemoryRules
@@ -87,7 +87,7 @@ class ConformanceMachine(MemoryRules, EngineRules, RuleBasedStateMachine):
             b.page_bytes for b in self.layout.token_bands)
         self.sizes = {n: pool.vids.size * self.ps for n in self.token_bands}
         self.sizes.update({n: pool.state_ids[n].size for n in self.state_bands})
-        self.shadow = ShadowBytes(pool, self.sizes, enabled=self.kind != "oracle")
+        self.shadow = ShadowBytes(pool, self.sizes, enabled=self.kind not in BOOKKEEPING_KINDS)
         self.model = ChainModel(self.token_bands, self.state_bands, self.ps)
         self.inflight: Forward | None = None
         self.late: list[str] = []  # violations seen inside event callbacks
@@ -165,8 +165,9 @@ class ConformanceMachine(MemoryRules, EngineRules, RuleBasedStateMachine):
         if not self.has_pool:
             return
         out, self.late = self.late, []
-        # The oracle's physical ids are bookkeeping only: no overlap check.
-        out += checks.pool_violations(self.pool, self.model, self.shadow, overlap=self.kind != "oracle")
+        # The oracle's and vLLM's physical ids are bookkeeping only: no overlap check.
+        overlap = self.kind not in BOOKKEEPING_KINDS
+        out += checks.pool_violations(self.pool, self.model, self.shadow, overlap=overlap)
         assert not out, "\n".join(out)
 
     def teardown(self) -> None:

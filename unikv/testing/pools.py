@@ -12,10 +12,14 @@ from collections.abc import Callable
 
 from unikv import Layout, OraclePool, StaticPartitionPool, UnifiedPool
 from unikv.backends import SimBackend
+from unikv.baselines import VllmPool
 from unikv.testing.device import HostEvents
 from unikv.testing.layouts import grow_until_valid
 
-KINDS = ("eager", "lazy", "static", "oracle")
+KINDS = ("eager", "lazy", "static", "oracle",
+         "vllm")
+# Pools whose physical ids are bookkeeping only (no byte layout to shadow).
+BOOKKEEPING_KINDS = ("oracle", "vllm")
 
 # Core bugs the fuzzer found and tests/property/test_regressions.py pins
 # (xfail until fixed). The machine steps around each one so it keeps fuzzing
@@ -26,9 +30,9 @@ KNOWN_BUGS: dict[str, str] = {}
 
 
 def sim_backend(kind: str) -> SimBackend:
-    """The sim backend for pool `kind`: materialised except for the oracle
-    (its physical ids are bookkeeping only)."""
-    return SimBackend(materialize=kind != "oracle")
+    """The sim backend for pool `kind`: materialised except for the
+    `BOOKKEEPING_KINDS` (their physical ids are bookkeeping only)."""
+    return SimBackend(materialize=kind not in BOOKKEEPING_KINDS)
 
 
 def cuda_backend(device: str = "cuda") -> Callable[[str], HostEvents]:
@@ -53,6 +57,8 @@ def make_pool(kind: str, layout: Layout, move_cap: int = 4096,
         return OraclePool(layout, backend=backend(kind))
     if kind == "static":
         return StaticPartitionPool(layout, backend=backend(kind))
+    if kind == "vllm":  # blocks: the gcd of the bands' pages
+        return VllmPool(layout, backend=backend(kind))
     if kind in ("eager", "lazy"):
         return UnifiedPool(layout, backend=backend(kind), compaction=kind, move_cap=move_cap)
     raise ValueError(f"kind={kind!r} is not one of {KINDS}")
