@@ -20,6 +20,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["traces"]:
         return _traces(argv[1:])
+    if argv[:1] == ["models"]:
+        from unikv.sim.models_cmd import main as models_main
+
+        return models_main(argv[1:])
     if argv[:1] in (["replay"], ["compare"]):
         from unikv.sim import cli as sim_cli
 
@@ -34,6 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("replay", help="replay a trace against one layout (unikv replay -h)")
     sub.add_parser("compare", help="replay a trace against a grid of layouts (unikv compare -h)")
     sub.add_parser("traces", help="describe / convert request traces (unikv traces -h)")
+    sub.add_parser("models", help="list / describe models: bytes per token and request (unikv models -h)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return run_demo(args.compaction, args.steps, args.seed)
