@@ -97,7 +97,7 @@ def _from_entry(entry: dict, params: dict, state_dtype: str, kv_cache_dtype: str
                   dtype=kv_cache_dtype)
         for pool, kind in _ENTRY_TOKEN_KINDS.items() if by_type.get(pool))
     dtypes = ("bf16", "fp32") if state_dtype == "fp32_ssm" else ("bf16", "bf16")
-    states = ()
+    states: tuple[StateKind, ...] = ()
     if "state" in entry:
         st = entry["state"]
         states = (StateKind(name=_ENTRY_STATE_KINDS.get(st["kind"], st["kind"]), layers=st["layers"],

@@ -257,3 +257,28 @@ def test_state_dtypes_declared_by_the_config_win():
     assert auto.ssm_state_dtype == "fp32"  # "auto": the caller's default
     with pytest.raises(ValueError, match="mamba_ssm_dtype='float8'"):
         parse_config(dict(ZAMBA2, mamba_ssm_dtype="float8"), name="z")
+
+
+# -- ModelSpec kinds and the band view ------------------------------------------
+
+def test_band_view_is_derived_from_kinds_and_checked():
+    from unikv.sim.model_spec import ModelSpec, StateKind, TokenKind
+
+    full = TokenKind(name="mla_latent", layers=4, bytes_per_token_per_layer=1152)
+    index = TokenKind(name="indexer_keys", layers=4, bytes_per_token_per_layer=132)
+    swa = TokenKind(name="sliding_window", layers=2, bytes_per_token_per_layer=100, window_tokens=64)
+    state = StateKind(name="kda", layers=3, conv_elems=10, ssm_elems=20, ssm_dtype="fp32")
+    spec = ModelSpec.from_kinds(name="x", token_kinds=(full, index, swa), state_kinds=(state,))
+    assert (spec.full_layers, spec.full_token_bytes) == (4, 4 * 1284)
+    assert (spec.swa_layers, spec.swa_token_bytes, spec.window_tokens) == (2, 200, 64)
+    assert (spec.state_layers, spec.state_bytes, spec.state_dtype) == (3, 3 * (20 + 80), "fp32_ssm")
+    assert spec.kinds == ("mamba", "swa", "full")
+    with pytest.raises(ValueError, match="full_token_bytes=8 but its kinds give 4608"):
+        ModelSpec(name="x", full_layers=4, full_token_bytes=8, token_kinds=(full,))
+    other = TokenKind(name="sliding_window", layers=1, bytes_per_token_per_layer=100, window_tokens=32)
+    with pytest.raises(ValueError, match="different windows"):
+        ModelSpec.from_kinds(name="x", token_kinds=(full, swa, other))
+    with pytest.raises(ValueError, match="window_tokens=None"):
+        TokenKind(name="sliding_window", layers=1, bytes_per_token_per_layer=1)
+    with pytest.raises(ValueError, match="kv_cache_dtype='fp4'"):
+        ModelSpec(name="x", full_layers=1, full_token_bytes=8, kv_cache_dtype="fp4")

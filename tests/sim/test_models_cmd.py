@@ -3,8 +3,9 @@
 import json
 from pathlib import Path
 
-from unikv.cli import main
 from unikv.sim.models import list_models
+
+from unikv.cli import main
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 
