@@ -61,9 +61,32 @@ def _full_kinds(c: ConfigReader, layers: int, kv_dtype: str) -> list[TokenKind]:
                           dtype=kv_dtype)]
     indexed = c.has("index_head_dim")
     out = [_mla_latent(c, layers, kv_dtype, sparse=indexed)]
-    if indexed:
-        out.append(_indexer_keys(c, layers))
+    indexer_layers = _indexer_layers(c, layers) if indexed else 0
+    if indexer_layers:
+        out.append(_indexer_keys(c, indexer_layers))
     return out
+
+
+def _indexer_layers(c: ConfigReader, layers: int) -> int:
+    """Layers that run (and cache keys for) their own indexer. GLM-5.x's "shared"
+    layers reuse the previous full layer's top-k and hold no indexer
+    (transformers `models/glm_moe_dsa`: `GlmMoeDsaConfig.__post_init__` derives
+    `indexer_types` from `index_topk_pattern` or `index_topk_freq` /
+    `index_skip_topk_offset`; the layer builds no indexer when `"shared"`)."""
+    n = c.need("num_hidden_layers", what="the indexer layers")
+    types = c.get("indexer_types")
+    pattern = c.get("index_topk_pattern")
+    if types is None and pattern is not None:
+        types = [{"F": "full", "S": "shared"}.get(ch, ch) for ch in pattern]
+    if types is None and c.has("index_topk_freq"):
+        freq, offset = max(c.config["index_topk_freq"], 1), c.get("index_skip_topk_offset", default=2)
+        types = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
+    if types is None:
+        return layers  # DeepSeek-V3.2: an indexer in every MLA layer
+    if len(types) != n or set(types) - {"full", "shared"} or layers != n:
+        raise ValueError(f"config {c.name!r}: indexer_types {list(types)[:4]}... must give 'full' or "
+                         f"'shared' for each of num_hidden_layers={n} MLA layers")
+    return sum(t == "full" for t in types)
 
 
 def _mla_latent(c: ConfigReader, layers: int, kv_dtype: str, *, sparse: bool) -> TokenKind:

@@ -119,6 +119,7 @@ _LAYER_TYPES = {
     "full_attention": "full", "attention": "full", "global_attention": "full",
     "sliding_attention": "swa", "sliding_window_attention": "swa",
     "chunked_attention": "chunked",
+    "indexed_attention": "full", "deepseek_sparse_attention": "full",  # DeepSeek-V3.2 / GLM-5 DSA (MLA)
     "linear_attention": "state", "mamba": "state", "mamba2": "state",
     "conv": "state",  # LFM2 short-conv layers
 }

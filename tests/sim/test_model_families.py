@@ -61,6 +61,34 @@ def test_sparse_mla_latent_and_indexer_keys(stem, layers):
         load_model(path, kv_cache_dtype="fp8_e5m2")
 
 
+def test_glm52_shared_indexer_layers_store_no_keys():
+    path = CONFIGS / "zai-org--GLM-5.2_config.json"
+    spec = load_model(path)
+    # indexer_types: 21 "full" of 78 (layers 0, 1, 2, then every 4th from 6); "shared" layers
+    # reuse the previous full layer's top-k and hold no indexer (was: 78 indexer layers)
+    assert _kinds(spec) == {"mla_latent": (78, 1152), "indexer_keys": (21, 132)}
+    assert spec.full_layers == 78 and spec.full_token_bytes == 78 * 1152 + 21 * 132
+    text = dict(json.loads(path.read_text()))
+    text = dict(text.get("text_config", text))
+    derived = {k: v for k, v in text.items() if k != "indexer_types"}  # index_topk_freq 4, offset 3
+    assert _kinds(parse_config(derived, name="g")) == _kinds(spec)
+    with pytest.raises(ValueError, match="indexer_types"):
+        parse_config(dict(text, indexer_types=["full"] * 77 + ["maybe"]), name="g")
+
+
+def test_families_parse_the_same_after_transformers_defaults():
+    """The integrator fills omitted fields from transformers' config classes before parsing."""
+    transformers = pytest.importorskip("transformers")
+    configs = [KIMI_LINEAR, LFM2, ZAMBA2, GEMMA3N, MAMBA1, MAMBA2] + [
+        _config(stem) for stem in ("deepseek-ai--DeepSeek-V3", "deepseek-ai--DeepSeek-V3.2",
+                                   "zai-org--GLM-5", "zai-org--GLM-5.2")]
+    for config in configs:
+        fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
+        filled = transformers.AutoConfig.for_model(config["model_type"], **fields).to_dict()
+        raw, full = parse_config(config, name="raw"), parse_config(filled, name="filled")
+        assert _kinds(raw) == _kinds(full) and raw.state_kinds == full.state_kinds, config["model_type"]
+
+
 def test_deepseek_v4_is_refused_by_name():
     # Read before as 43 sliding-window layers of window 128: its compressed attention is not that.
     with pytest.raises(ValueError, match="DeepseekV4ForCausalLM.*'compress_ratios'"):
