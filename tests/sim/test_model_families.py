@@ -225,7 +225,8 @@ def test_zamba2_fields_are_transformers_defaults():
         assert ref[key] == ZAMBA2[key], key
 
 
-# Reconstructed: LiquidAI/LFM2-1.2B config.json fields (16 layers, attention at 2, 5, 8, 10, 12, 14).
+# Reconstructed: LiquidAI/LFM2-1.2B config.json fields (16 layers, attention at 2, 5, 8, 10, 12, 14;
+# the published file lists them as `full_attn_idxs`, transformers' Lfm2Config as `layer_types`).
 LFM2_FULL = (2, 5, 8, 10, 12, 14)
 LFM2 = {"model_type": "lfm2", "architectures": ["Lfm2ForCausalLM"], "num_hidden_layers": 16,
         "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8, "conv_L_cache": 3,
@@ -242,6 +243,8 @@ def test_lfm2_short_conv_state():
     assert parse_config(older, name="lfm2").state_bytes == 81920
 
 
+# Constructed with the shapes of state-spaces/mamba-2.8b-hf (Mamba-1) and
+# mistralai/Mamba-Codestral-7B-v0.1 (Mamba-2); not copied from their files.
 MAMBA1 = {"model_type": "mamba", "architectures": ["MambaForCausalLM"], "num_hidden_layers": 64,
           "hidden_size": 2560, "intermediate_size": 5120, "state_size": 16, "conv_kernel": 4,
           "expand": 2}
