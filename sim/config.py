@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from unikv.sim.model_spec import check_kv_cache_dtype
+
 LAYOUTS = ("static", "end_end", "end_float_end", "oracle",
            "vllm")
 COMPACTIONS = ("lazy", "eager")
@@ -68,6 +70,8 @@ class RunConfig:
         rate_scale: replay k times faster (>1) or slower (<1).
         max_requests: keep only the first N requests.
         model: a bundled model name or a Hugging Face config.json path.
+        kv_cache_dtype: the KV cache's dtype: "bf16", "fp8_e4m3" or "fp8_e5m2"
+            (`sim.models.load_model`; docs/models.md, "Dtypes").
         kv_budget_gib: bytes of the shared KV buffer, GiB.
         page_size: tokens per page of the token bands.
         layout: one of LAYOUTS.
@@ -93,6 +97,7 @@ class RunConfig:
     rate_scale: float = _opt(1.0, "replay this many times faster")
     max_requests: int | None = _opt(None, "keep the first N requests")
     model: str = _opt("gemma-3-12b", "bundled model name or a Hugging Face config.json path")
+    kv_cache_dtype: str = _opt("bf16", "KV-cache dtype: bf16, fp8_e4m3 or fp8_e5m2")
     kv_budget_gib: float = _opt(8.0, "KV buffer size in GiB")
     page_size: int = _opt(16, "tokens per page")
     layout: str = _opt("end_end", "layout kind")
@@ -109,6 +114,7 @@ class RunConfig:
                                   ("oversize", OVERSIZE, "modes")):
             if getattr(self, name) not in valid:
                 raise ValueError(f"{name}={getattr(self, name)!r}; valid {what} are {list(valid)}")
+        check_kv_cache_dtype(self.kv_cache_dtype)
         if not isinstance(self.hardware, str) or not self.hardware:
             raise ValueError(f"hardware={self.hardware!r} must be a bundled hardware name or a file path")
         _check_numbers(self)

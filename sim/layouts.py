@@ -125,6 +125,8 @@ class LayoutPlan:
 
 def applicable_kinds(model: ModelSpec) -> tuple[str, ...]:
     """The layout kinds `build_layout` accepts for `model`."""
+    if not (model.full_layers or model.swa_layers):
+        return ()  # a state-only model (pure Mamba): no token band to lay out yet
     n_bands = len(model.kinds)
     middle = "end_float_end" if n_bands == 3 else "end_end"
     kinds: tuple[str, ...] = ("static", middle, "oracle")
@@ -219,6 +221,9 @@ def build_layout(model: ModelSpec, *, kv_budget_gib: float, page_size: int, kind
     """
     if kind not in LAYOUT_KINDS:
         raise ValueError(f"kind={kind!r} is not one of {LAYOUT_KINDS}")
+    if not (model.full_layers or model.swa_layers):
+        raise ValueError(f"model {model.name!r} is state-only ({model.state_layers} recurrent layers, "
+                         "no attention layer): no layout describes a model without a token band yet")
     _check_kind(model, kind)
     if isinstance(kv_budget_gib, bool) or not isinstance(kv_budget_gib, (int, float)) \
             or not 0 < kv_budget_gib < math.inf:

@@ -188,7 +188,7 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     t0 = time.perf_counter()
     hw = hw or cost_model.HardwareSpec.load(config.hardware)  # first: a bad file fails before the replay
     df = load_trace(config) if trace_df is None else trace_df
-    model = load_model(config.model)
+    model = load_model(config.model, kv_cache_dtype=config.kv_cache_dtype)
     plan = build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
                         kind=config.layout, static_ratio=config.static_ratio)
     check_host_memory(plan, config.kv_budget_gib)
@@ -242,6 +242,8 @@ def _identity(config: RunConfig, df: pd.DataFrame, model, plan) -> dict:
         "trace": str(df.attrs.get("source", config.trace)),
         "trace_slice": {f: getattr(config, f) for f in TRACE_FIELDS if f != "trace"},
         "model": model.name,
+        "dtypes": {"kv_cache": model.kv_cache_dtype, "conv_state": model.conv_state_dtype,
+                   "ssm_state": model.ssm_state_dtype},
         "kv_budget_bytes": plan.layout.total_bytes,
         "page_size": plan.page_size,  # vllm: vLLM's block size (config.page_size for the others)
         "vllm": plan.metadata["vllm"],  # vLLM's groups and sizing (None for other layouts)

@@ -76,6 +76,12 @@ def _traces(argv: Sequence[str]) -> int:
     return traces_main(list(argv))
 
 
+def _models(argv: Sequence[str]) -> int:
+    from unikv.sim.models_cmd import main as models_main
+
+    return models_main(list(argv))
+
+
 def _demo(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="unikv", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"unikv {installed_version()}")
@@ -87,6 +93,7 @@ def _demo(argv: Sequence[str]) -> int:
     sub.add_parser("replay", help="replay a trace against one layout (unikv replay -h)")
     sub.add_parser("compare", help="replay a trace against a grid of layouts (unikv compare -h)")
     sub.add_parser("traces", help="describe / convert request traces (unikv traces -h)")
+    sub.add_parser("models", help="list / describe models: bytes per token and request (unikv models -h)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return run_demo(args.compaction, args.steps, args.seed)
@@ -97,6 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["traces"]:
         return guarded(_traces, argv[1:])
+    if argv[:1] == ["models"]:
+        return guarded(_models, argv[1:])
     if argv[:1] in (["replay"], ["compare"]):
         from unikv.sim import cli as sim_cli
 

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 from unikv.sim.models import ModelSpec, list_models, load_model, parse_config
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
+# The bundled models' source configs live in the team's shared folder beside the checkout.
+SHARED = next((p / "shared" for p in Path(__file__).resolve().parents
+               if (p / "shared" / "models" / "configs").is_dir()), Path("/nonexistent/shared"))
 CONFIGS = sorted((SHARED / "models" / "configs").glob("*.json"))
 DATA = Path(__file__).resolve().parents[2] / "sim" / "data"
 
@@ -31,8 +33,14 @@ def _expected(entry: dict, state_dtype: str) -> tuple:
 def test_parser_reproduces_models_json(path, state_dtype):
     spec = load_model(path, state_dtype=state_dtype)
     entry = _entries()[spec.name]  # the file name maps to its bundled model
+    # A config that declares its SSM-state dtype (Qwen3.5, Nemotron-3-Nano: float32) gets it
+    # whatever the caller's default.
+    declared = entry.get("state", {}).get("config_declared_ssm_state_dtype", "")
+    expected_dtype = "fp32_ssm" if declared.startswith("float32") else state_dtype
     assert (spec.full_token_bytes, spec.swa_token_bytes, spec.state_bytes) == \
-        _expected(entry, state_dtype)
+        _expected(entry, expected_dtype)
+    assert spec.state_dtype == expected_dtype
+    assert (spec.architecture, spec.model_type) == (entry["architecture"], entry["model_type"])
     by_type = entry["layers_by_type"]
     assert spec.full_layers == by_type.get("full", 0)
     assert spec.swa_layers == by_type.get("swa", by_type.get("chunked", 0))
