@@ -94,7 +94,7 @@ def test_a_cell_that_cannot_run_is_reported_and_the_others_run(tmp_path):
     assert "longest request" in table.loc["static@0.01", "reason"]
     assert table.loc["static@0.01", ["mean_running", "throughput_tok_s"]].isna().all()
     ran = table.drop("static@0.01")
-    assert set(ran.index) == {"static", "end_end/lazy", "oracle"} and (ran["status"] == "ok").all()
+    assert set(ran.index) == {"static", "end_end/lazy", "oracle", "vllm"} and (ran["status"] == "ok").all()
     for cell in ("static", "end_end_lazy", "oracle"):
         assert_complete_or_absent(out / cell, "csv")
         assert (out / cell / "summary.json").exists()

@@ -25,7 +25,7 @@ def test_describe_json_of_a_sparse_mla_config(capsys):
     assert kinds == {"mla_latent": (61, 656, "fp8_ds_mla"), "indexer_keys": (61, 132, "fp8_e4m3+fp32_scale")}
     assert report["bands"] == {"full": {"layers": 61, "bytes": 61 * 788, "per": "token"}}
     assert report["dtypes"]["kv_cache"] == "fp8_e4m3" and report["params"]["total"] is None
-    assert report["applicable_layouts"] == ["static", "end_end", "oracle"]
+    assert report["applicable_layouts"] == ["static", "end_end", "oracle", "vllm"]
 
 
 def test_describe_text_of_a_bundled_three_band_model(capsys):
