@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 from unikv.sim.config import COMPACTIONS, LAYOUTS, OVERSIZE, RunConfig, SchedulerConfig
+from unikv.sim.engines import ENGINE_OF_LAYOUT, effective_engine
 from unikv.sim.layouts import applicable_kinds
 from unikv.sim.models import load_model
 
@@ -156,7 +157,9 @@ def replay(argv: Sequence[str] | None = None) -> int:
             result = run(config, progress=progress)
         if not args.no_oracle and config.layout != "oracle":
             with progress_bar("oracle", show=show) as progress:
-                oracle = run(config.with_(layout="oracle"), progress=progress)
+                # the oracle under the same engine rules as the layout it scores
+                engine = effective_engine(config.scheduler.engine, config.layout)
+                oracle = run(config.with_(layout="oracle", engine=engine), progress=progress)
             result.summary.update(capacity_efficiency(result.summary, oracle.summary))
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -176,18 +179,47 @@ def replay(argv: Sequence[str] | None = None) -> int:
 
 def grid(config: RunConfig, layouts: Sequence[str], compactions: Sequence[str],
          static_ratios: Sequence[float]) -> list[tuple[str, RunConfig]]:
-    """(label, config) for every layout x compaction (x static ratio)."""
+    """(label, config) for every layout x compaction (x fixed ratio), under
+    each engine's rules (`sim.engines`): with `scheduler.engine` unset, every
+    engine-baseline layout in `layouts` brings its engine, and the other
+    layouts run once under each (labels get "@engine" when there are several);
+    with none, under unikv's rules."""
+    engines = _grid_engines(config, layouts)
     out = []
-    for layout in layouts:
-        if layout == "static":
-            for r in static_ratios or [None]:
-                label = "static" if r is None else f"static@{r:g}"
-                out.append((label, config.with_(layout="static", static_ratio=r, compaction="lazy")))
-        elif layout == "oracle":
-            out.append(("oracle", config.with_(layout="oracle", compaction="lazy")))
-        else:
-            out.extend((f"{layout}/{c}", config.with_(layout=layout, compaction=c)) for c in compactions)
+    for engine in engines:
+        cfg = config.with_(engine=engine)
+        tag = f"@{engine}" if len(engines) > 1 else ""
+        for layout in layouts:
+            if ENGINE_OF_LAYOUT.get(layout, engine) != engine:
+                continue  # another engine's baseline: it runs in that engine's group
+            out.extend((label + tag, c) for label, c in _layout_runs(cfg, layout, compactions,
+                                                                       static_ratios))
     return out
+
+
+def _grid_engines(config: RunConfig, layouts: Sequence[str]) -> list:
+    if config.scheduler.engine is not None:
+        return [config.scheduler.engine]
+    engines = list(dict.fromkeys(ENGINE_OF_LAYOUT[x] for x in layouts if x in ENGINE_OF_LAYOUT))
+    return engines or [None]
+
+
+def _layout_runs(config: RunConfig, layout: str, compactions: Sequence[str],
+                 static_ratios: Sequence[float]) -> list[tuple[str, RunConfig]]:
+    if layout == "fixed_ratio":
+        return [("fixed_ratio" if r is None else f"fixed_ratio@{r:g}",
+                 config.with_(layout="fixed_ratio", static_ratio=r, compaction="lazy"))
+                for r in static_ratios or [None]]
+    if layout in ("oracle", *ENGINE_OF_LAYOUT):
+        return [(layout, config.with_(layout=layout, compaction="lazy"))]
+    return [(f"{layout}/{c}", config.with_(layout=layout, compaction=c)) for c in compactions]
+
+
+def default_layouts(model, static_ratios: Sequence[float]) -> list[str]:
+    """The layouts `unikv compare` runs for `model` unless told: those that
+    apply, the fixed_ratio split only when ratios are swept."""
+    kinds = applicable_kinds(model)
+    return [k for k in kinds if k != "fixed_ratio" or static_ratios]
 
 
 def compare(argv: Sequence[str] | None = None) -> int:
@@ -200,10 +232,12 @@ def compare(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=None,
                         help="several models on the same trace, one table (overrides --model); each runs the "
                              "layouts applicable to it, so a 2-kind and a 3-kind model show all four layouts")
-    parser.add_argument("--layouts", nargs="+", default=None, help=f"default: those applicable of {LAYOUTS}")
+    parser.add_argument("--layouts", nargs="+", default=None,
+                        help=f"default: those applicable of {LAYOUTS} (fixed_ratio only with --static-ratios)")
     parser.add_argument("--compactions", nargs="+", default=list(COMPACTIONS), choices=COMPACTIONS)
     parser.add_argument("--static-ratios", nargs="*", type=float, default=[],
-                        help="extra static split ratios to sweep (the default ratio always runs)")
+                        help="fixed_ratio split ratios to sweep (adds the fixed_ratio layout at its "
+                             "default ratio and these)")
     parser.add_argument("--out", type=Path, default=Path("runs/compare"))
     parser.add_argument("--format", choices=("parquet", "csv"), default="parquet")
     _add_quiet(parser, "comparison table")
@@ -215,10 +249,11 @@ def compare(argv: Sequence[str] | None = None) -> int:
         models = args.models or [base.model]
         for model in models:
             cfg = base.with_(model=model)
-            layouts = list(args.layouts or applicable_kinds(load_model(model)))
+            layouts = list(args.layouts or default_layouts(load_model(model), args.static_ratios))
             bad = [x for x in layouts if x not in LAYOUTS]
             if bad:
-                raise ValueError(f"unknown layouts {bad}; valid layouts are {list(LAYOUTS)}")
+                hint = " ('static' is now 'fixed_ratio')" if "static" in bad else ""
+                raise ValueError(f"unknown layouts {bad}; valid layouts are {list(LAYOUTS)}{hint}")
             if "oracle" not in layouts:
                 layouts.append("oracle")
             results = {}
@@ -246,7 +281,7 @@ def compare(argv: Sequence[str] | None = None) -> int:
     return 1 if any(bad for _, _, bad in tables) else 0
 
 
-COMPARE_COLUMNS = ["label", "layout", "compaction", "capacity_efficiency", "throughput_efficiency",
+COMPARE_COLUMNS = ["label", "layout", "compaction", "engine", "capacity_efficiency", "throughput_efficiency",
                    "mean_running", "throughput_tok_s", "admission_rate", "ttft_p50_s", "ttft_p90_s",
                    "tpot_mean_s", "retractions", "rejected", "mean_available_tokens",
                    "mean_hole_ratio", "mean_unusable_free_ratio", "moves", "moved_bytes",
@@ -254,15 +289,20 @@ COMPARE_COLUMNS = ["label", "layout", "compaction", "capacity_efficiency", "thro
 
 
 def comparison_table(results: dict) -> pd.DataFrame:
+    """One row per run; capacity efficiency against the oracle that ran
+    under the same engine rules."""
     from unikv.sim.summary import capacity_efficiency
 
-    oracle = results.get("oracle")
+    oracles = {res.config.scheduler.engine: res for res in results.values()
+               if res.config.layout == "oracle"}
     rows = []
     for label, res in results.items():
         s = dict(res.summary)
+        oracle = oracles.get(res.config.scheduler.engine)
         if oracle is not None:
             s.update(capacity_efficiency(s, oracle.summary))
         rows.append({"label": label, "layout": res.config.layout, "compaction": res.config.compaction,
+                     "engine": res.config.scheduler.engine,
                      "wall_s": res.wall_s, **{k: s.get(k) for k in COMPARE_COLUMNS if k in s}})
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
 

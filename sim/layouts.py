@@ -2,9 +2,10 @@
 
 `build_layout(model, kv_budget_gib=..., page_size=..., kind=...)` turns a
 `ModelSpec` into a `LayoutPlan`: the `Layout` (bands "mamba", "swa", "full"
-low byte -> high byte), the pool class that drives it, and, for the static
-split, the byte fractions a serving engine's start-up ratios give
-(`docs/models.md`, "Static split").
+low byte -> high byte), the pool class that drives it, and, for the fixed
+splits, the byte fractions each band's region gets: `fixed_ratio` at given
+start-up ratios (`docs/models.md`, "Static split"; for sweeps), `sglang` as
+SGLang sizes its pools (`sim.sglang`; docs/models.md, "Baselines: sglang").
 """
 
 from __future__ import annotations
@@ -13,20 +14,27 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from unikv.sim import sglang
 from unikv.sim.fit import fits_alone
 from unikv.sim.models import ModelSpec
 
 from unikv import Band, Layout, OraclePool, StaticPartitionPool, UnifiedPool
 
-LAYOUT_KINDS = ("static", "end_end", "end_float_end", "oracle")
+LAYOUT_KINDS = (
+    "fixed_ratio",
+    "sglang",
+    "end_end", "end_float_end", "oracle",
+)
+# Layouts whose bands own fixed regions (StaticPartitionPool, `fractions`).
+FIXED_KINDS = frozenset({"fixed_ratio", "sglang"})
 
 # SGLang defaults (python/sglang/srt/server_args.py): swa pool tokens / full pool
 # tokens, and mamba state bytes / full KV bytes. Sources in docs/models.md.
 DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
 
-_POOL_CLASSES = {"static": StaticPartitionPool, "end_end": UnifiedPool,
-                 "end_float_end": UnifiedPool, "oracle": OraclePool}
+_POOL_CLASSES = {"fixed_ratio": StaticPartitionPool, "sglang": StaticPartitionPool,
+                 "end_end": UnifiedPool, "end_float_end": UnifiedPool, "oracle": OraclePool}
 _GROWS = {1: ("down",), 2: ("up", "down"), 3: ("up", "float", "down")}
 
 
@@ -36,7 +44,7 @@ class RequestTooLargeError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class StaticRatio:
-    """Start-up split ratios of the static layout (SGLang's names and meaning).
+    """Start-up split ratios of the fixed_ratio layout (SGLang's names and meaning).
 
     Attributes:
         swa_full_tokens: swa pool tokens / full pool tokens
@@ -62,11 +70,13 @@ class LayoutPlan:
 
     Attributes:
         kind: one of LAYOUT_KINDS.
-        model: the model it was built for.
+        model: the model it was built for (for "sglang": as SGLang stores
+            it, `sim.sglang.deployed_model`).
         layout: the buffer and its bands.
         pool_class: "UnifiedPool", "StaticPartitionPool" or "OraclePool".
-        fractions: band -> share of the bytes past the sink (static only).
-        static_ratio: the ratios the fractions came from (static only).
+        fractions: band -> share of the bytes past the sink (FIXED_KINDS only).
+        static_ratio: the ratios the fractions came from (FIXED_KINDS only).
+        pool_sizes: SGLang's pool sizes over the budget ("sglang" only).
     """
 
     kind: str
@@ -75,6 +85,7 @@ class LayoutPlan:
     pool_class: str
     fractions: Mapping[str, float] | None = field(default=None, hash=False)
     static_ratio: StaticRatio | None = None
+    pool_sizes: sglang.PoolSizes | None = None
 
     @property
     def page_size(self) -> int:
@@ -92,7 +103,7 @@ class LayoutPlan:
     def make_pool(self, backend=None, compaction: str = "lazy", ids: str | None = None):
         """A fresh pool for this plan (compaction applies to UnifiedPool
         only; `ids`: what its allocs return, see `UnifiedPool`)."""
-        if self.kind == "static":
+        if self.kind in FIXED_KINDS:
             return StaticPartitionPool(self.layout, backend, fractions=dict(self.fractions), ids=ids)
         if self.kind == "oracle":
             return OraclePool(self.layout, backend, ids=ids)
@@ -109,14 +120,28 @@ class LayoutPlan:
             "fractions": dict(self.fractions) if self.fractions else None,
             "swa_full_tokens_ratio": ratio.swa_full_tokens if ratio else None,
             "mamba_full_memory_ratio": ratio.mamba_full_memory if ratio else None,
+            "state_slots": self.pool_sizes.state_slots if self.pool_sizes else None,
         }
+
+    def max_running(self, requested: int, slots_per_request: int) -> int:
+        """The running cap of this plan: `requested`, and for "sglang" also
+        SGLang's cap (`sim.sglang.pool_sizes`: token pool // 2, state slots
+        // `slots_per_request`)."""
+        sizes = self.pool_sizes
+        if sizes is None:
+            return requested
+        cap = min(requested, sizes.full_tokens // 2)
+        return min(cap, sizes.state_slots // slots_per_request) if sizes.state_slots else cap
 
 
 def applicable_kinds(model: ModelSpec) -> tuple[str, ...]:
     """The layout kinds `build_layout` accepts for `model`."""
     n_bands = len(model.kinds)
     middle = "end_float_end" if n_bands == 3 else "end_end"
-    return ("static", middle, "oracle")
+    kinds = ["fixed_ratio"]
+    if sglang.unsupported_reason(model) is None:
+        kinds.append("sglang")
+    return (*kinds, middle, "oracle")
 
 
 def model_bands(model: ModelSpec, page_size: int) -> tuple[Band, ...]:
@@ -193,27 +218,33 @@ def build_layout(model: ModelSpec, *, kv_budget_gib: float, page_size: int, kind
 
     Chains: one kind -> full(down) (or swa(down)); two -> swa|full or
     mamba|full as up|down; three -> mamba(up) | swa(float) | full(down).
-    static and oracle use the same chain (their pools ignore grow).
+    fixed_ratio, sglang and oracle use the same chain (their pools ignore
+    grow); sglang first folds the window layers SGLang does not split into
+    the full band (`sim.sglang.deployed_model`).
 
     Args:
-        static_ratio: see `static_fractions`; used by kind="static" only.
+        static_ratio: see `static_fractions`; used by kind="fixed_ratio" only.
 
     Raises:
         ValueError: an unknown kind (listing LAYOUT_KINDS), a kind the model
-            cannot use (naming the missing band and the kinds that apply),
-            a bad budget or page size, or a budget too small for the bands.
+            cannot use (naming the missing band, or why SGLang cannot deploy
+            it, and the kinds that apply), a bad budget or page size, or a
+            budget too small for the bands.
     """
     if kind not in LAYOUT_KINDS:
-        raise ValueError(f"kind={kind!r} is not one of {LAYOUT_KINDS}")
+        hint = " (the 'static' layout is now 'fixed_ratio')" if kind == "static" else ""
+        raise ValueError(f"kind={kind!r} is not one of {LAYOUT_KINDS}{hint}")
     _check_kind(model, kind)
     if isinstance(kv_budget_gib, bool) or not isinstance(kv_budget_gib, (int, float)) \
             or not 0 < kv_budget_gib < math.inf:
         raise ValueError(f"kv_budget_gib={kv_budget_gib!r} must be a positive number")
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
         raise ValueError(f"page_size={page_size!r} must be a positive integer")
+    if kind == "sglang":
+        return _sglang_plan(model, int(kv_budget_gib * 2**30), page_size)
     layout = Layout(total_bytes=int(kv_budget_gib * 2**30), bands=model_bands(model, page_size))
     ratio = fractions = None
-    if kind == "static":
+    if kind == "fixed_ratio":
         ratio = _resolve_ratio(model, static_ratio)
         fractions = static_fractions(model, ratio)
     return LayoutPlan(kind=kind, model=model, layout=layout,
@@ -221,10 +252,27 @@ def build_layout(model: ModelSpec, *, kv_budget_gib: float, page_size: int, kind
                       static_ratio=ratio)
 
 
+def _sglang_plan(model: ModelSpec, total_bytes: int, page_size: int) -> LayoutPlan:
+    """SGLang's regions over the whole buffer (`sim.sglang`)."""
+    deployed = sglang.deployed_model(model)
+    layout = Layout(total_bytes=total_bytes, bands=model_bands(deployed, page_size))
+    usable = total_bytes - layout.sink_bytes  # the sink page stands for SGLang's padding slot
+    sizes = sglang.plan_sizes(deployed, budget_bytes=usable, page_size=page_size)
+    fractions = sglang.plan_fractions(deployed, sizes, usable)
+    ratio = StaticRatio(swa_full_tokens=sglang.SWA_FULL_TOKENS_RATIO,
+                        mamba_full_memory=sglang.MAMBA_FULL_MEMORY_RATIO)
+    return LayoutPlan(kind="sglang", model=deployed, layout=layout,
+                      pool_class=StaticPartitionPool.__name__, fractions=fractions,
+                      static_ratio=ratio, pool_sizes=sizes)
+
+
 def _check_kind(model: ModelSpec, kind: str) -> None:
     if kind in applicable_kinds(model):
         return
     have = ", ".join(model.kinds) or "none"
+    if kind == "sglang":
+        raise ValueError(f"sglang layout: {sglang.unsupported_reason(model)}; layouts that "
+                         f"apply: {applicable_kinds(model)}")
     if kind == "end_float_end":
         missing = [k for k in ("full", "swa", "mamba") if k not in model.kinds]
         raise ValueError(f"end_float_end needs full, swa and mamba bands; model {model.name!r} "
@@ -306,7 +354,7 @@ def check_fits(plan: LayoutPlan, max_request_tokens: int, *,
 def _too_large(plan: LayoutPlan, tokens: int, need: dict[str, int]) -> str:
     layout = plan.layout
     what = f"one request of {tokens} tokens on {plan.model.name!r}"
-    if plan.kind == "static":
+    if plan.kind in FIXED_KINDS:
         have = static_region_bytes(plan)
         band = max(need, key=lambda b: need[b] - have[b])  # the tightest region
         return (f"{what} needs about {need[band]} bytes in band {band!r}, but its static region "

@@ -18,6 +18,7 @@ import pandas as pd
 from unikv.sim import cost as cost_model
 from unikv.sim.config import TRACE_FIELDS, RunConfig
 from unikv.sim.engine import Simulation
+from unikv.sim.engines import rules as engine_rules
 from unikv.sim.fit import max_request_tokens
 from unikv.sim.layouts import RequestTooLargeError, build_layout, check_fits
 from unikv.sim.memory import Memory
@@ -186,7 +187,8 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     t0 = time.perf_counter()
     hw = hw or cost_model.HardwareSpec.load(config.hardware)  # first: a bad file fails before the replay
     df = load_trace(config) if trace_df is None else trace_df
-    model = load_model(config.model)
+    state = engine_rules(config.scheduler, config.layout)  # the same for every layout compared
+    model = load_model(config.model, state_dtype=state.state_dtype)
     plan = build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
                         kind=config.layout, static_ratio=config.static_ratio)
     reqs = _requests(df)
@@ -195,10 +197,11 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     block = config.scheduler.block_tokens or df.attrs.get("block_tokens")
     use_cache = config.scheduler.prefix_cache and block and "prefix_hashes" in df.columns
     memory = Memory(pool, window_tokens=model.window_tokens if model.swa_layers else None,
-                    block_tokens=int(block) if use_cache else None, meta_tokens=model.meta_tokens)
+                    block_tokens=int(block) if use_cache else None, meta_tokens=model.meta_tokens,
+                    state_slots_per_request=state.state_slots_per_request)
     sim = Simulation(
         reqs, memory, step_cost=cost_model.EngineStepCost(model, hw), kv_bytes=KVRead(model),
-        max_running=config.scheduler.max_running,
+        max_running=plan.max_running(config.scheduler.max_running, state.state_slots_per_request),
         prefill_tokens_per_step=config.scheduler.prefill_tokens_per_step, max_tokens=limit,
         reserve=(config.scheduler.reserve_init, config.scheduler.reserve_min,
                  config.scheduler.reserve_decay),
@@ -210,6 +213,10 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     summary = summarize(steps, requests, pool.stats())
     summary["max_request_tokens"] = limit
     identity = _identity(config, df, model, plan)
+    identity["engine_rules"] = {"engine": state.engine, "state_dtype": state.state_dtype,
+                                "state_slots_per_request": state.state_slots_per_request,
+                                "max_running": plan.max_running(config.scheduler.max_running,
+                                                                state.state_slots_per_request)}
     identity["hardware"] = hw.as_dict()  # every coefficient the run was charged at, with its provenance
     return RunResult(config, identity, steps, requests, summary, sim.violations,
                      time.perf_counter() - t0)
