@@ -126,12 +126,22 @@ class LayoutPlan:
     def max_running(self, requested: int, slots_per_request: int) -> int:
         """The running cap of this plan: `requested`, and for "sglang" also
         SGLang's cap (`sim.sglang.pool_sizes`: token pool // 2, state slots
-        // `slots_per_request`)."""
+        // `slots_per_request`).
+
+        Raises:
+            ValueError: the sglang cap is 0 (SGLang would not start).
+        """
         sizes = self.pool_sizes
         if sizes is None:
             return requested
         cap = min(requested, sizes.full_tokens // 2)
-        return min(cap, sizes.state_slots // slots_per_request) if sizes.state_slots else cap
+        if sizes.state_slots:
+            cap = min(cap, sizes.state_slots // slots_per_request)
+        if cap < 1:  # SGLang refuses to start (resolve_max_num_reqs)
+            raise ValueError(f"sglang layout of {self.model.name!r}: the state pool holds "
+                             f"{sizes.state_slots} slots, fewer than one request's "
+                             f"{slots_per_request}; raise kv_budget_gib")
+        return cap
 
 
 def applicable_kinds(model: ModelSpec) -> tuple[str, ...]:
@@ -324,7 +334,8 @@ def static_region_bytes(plan: LayoutPlan) -> dict[str, int]:
 
 
 def check_fits(plan: LayoutPlan, max_request_tokens: int, *,
-               prefill_chunk_tokens: int | None = None, compaction: str = "lazy") -> dict[str, int]:
+               prefill_chunk_tokens: int | None = None, compaction: str = "lazy",
+               state_slots_per_request: int = 1) -> dict[str, int]:
     """Raise unless one request of `max_request_tokens` tokens fits `plan` alone.
 
     The decision is the engine's own: `sim.fit.fits_alone` allocates the
@@ -342,7 +353,7 @@ def check_fits(plan: LayoutPlan, max_request_tokens: int, *,
                                     prefill_chunk_tokens=prefill_chunk_tokens)
     try:
         ok = fits_alone(plan, max_request_tokens, prefill_chunk_tokens=prefill_chunk_tokens,
-                        compaction=compaction)
+                        compaction=compaction, state_slots_per_request=state_slots_per_request)
     except ValueError as exc:  # the pool cannot be built at this budget
         raise RequestTooLargeError(f"{plan.kind} layout of {plan.model.name!r}: {exc}; "
                                    "raise kv_budget_gib") from exc

@@ -192,7 +192,7 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     plan = build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
                         kind=config.layout, static_ratio=config.static_ratio)
     reqs = _requests(df)
-    limit = _request_limit(plan, config, reqs)
+    limit = _request_limit(plan, config, reqs, state.state_slots_per_request)
     pool = plan.make_pool(SimBackend(), config.compaction, ids="numpy")  # host ids, no tensor per call
     block = config.scheduler.block_tokens or df.attrs.get("block_tokens")
     use_cache = config.scheduler.prefix_cache and block and "prefix_hashes" in df.columns
@@ -222,17 +222,18 @@ def _run(config, progress, trace_df, hw) -> RunResult:
                      time.perf_counter() - t0)
 
 
-def _request_limit(plan, config: RunConfig, reqs: list[Request]) -> int:
+def _request_limit(plan, config: RunConfig, reqs: list[Request], slots: int = 1) -> int:
     """The longest request the engine admits (`sim.fit`); with oversize="error",
     raise (before the run) unless the trace's longest request fits alone."""
     longest = max(r.prompt_tokens + r.output_tokens for r in reqs)
     chunk = config.scheduler.prefill_tokens_per_step
+    fit = {"prefill_chunk_tokens": chunk, "compaction": config.compaction, "state_slots_per_request": slots}
     if config.oversize == "reject":
-        return max_request_tokens(plan, longest, prefill_chunk_tokens=chunk, compaction=config.compaction)
+        return max_request_tokens(plan, longest, **fit)
     try:
-        check_fits(plan, longest, prefill_chunk_tokens=chunk, compaction=config.compaction)
+        check_fits(plan, longest, **fit)
     except RequestTooLargeError as exc:
-        limit = max_request_tokens(plan, longest, prefill_chunk_tokens=chunk, compaction=config.compaction)
+        limit = max_request_tokens(plan, longest, **fit)
         too_long = sum(r.prompt_tokens + r.output_tokens > limit for r in reqs)
         raise RequestTooLargeError(
             f"KV budget {config.kv_budget_gib} GiB ({config.layout}) holds at most {limit} tokens of "

@@ -116,6 +116,9 @@ def test_mamba_split_and_running_cap():
     assert static_region_bytes(plan)["mamba"] == k * model.state_bytes
     assert plan.max_running(256, 5) == k // 5
     assert plan.max_running(256, 1) == min(256, k)
+    tiny = build_layout(model, kv_budget_gib=0.2, page_size=16, kind="sglang")
+    with pytest.raises(ValueError, match="fewer than one request's 5"):
+        tiny.max_running(256, 5)
 
 
 # -- engine rules belong to the scheduler -------------------------------------------------
@@ -179,3 +182,13 @@ def test_compare_grid_runs_every_layout_under_the_baselines_engine():
 def test_the_old_static_layout_is_refused_naming_its_new_name():
     with pytest.raises(ValueError, match="'static' is now 'fixed_ratio'"):
         RunConfig(layout="static")
+
+
+def test_the_fit_check_holds_the_rules_state_slots():
+    """A request that fits with one state slot but not with five is no fit
+    under SGLang's rules (else it would wait forever for its slots)."""
+    from unikv.sim.fit import fits_alone
+    model = load_model("nemotron-3-nano-30b-a3b", state_dtype="fp32_ssm")
+    plan = build_layout(model, kv_budget_gib=0.25, page_size=16, kind="end_end")
+    assert fits_alone(plan, 1000, state_slots_per_request=1)
+    assert not fits_alone(plan, 1000, state_slots_per_request=5)
