@@ -8,6 +8,7 @@ unified layout, both scored against the oracle under SGLang's rules.
 Capacity efficiency = mean running requests / the oracle's.
 
     python results/baselines/sglang_headline.py --out results/baselines
+    python results/baselines/sglang_headline.py --out results/baselines --render-only
 """
 
 from __future__ import annotations
@@ -70,24 +71,34 @@ def rows() -> list[dict]:
     return out
 
 
+def render(table: pd.DataFrame) -> str:
+    """The before / after table (markdown) from the rows `rows` made."""
+    key = ["trace", "model", "kv_budget_gib"]
+    eff = table.pivot(index=key, columns="label", values="capacity_efficiency")
+    running = table.pivot(index=key, columns="label", values="mean_running")
+    eff["sglang vs the oracle (before)"] = running["sglang"] / running["oracle (before)"]
+    eff["oracle (sglang rules) / oracle (before)"] = (running["oracle (sglang rules)"]
+                                                      / running["oracle (before)"])
+    cols = ["fixed_ratio (before)", "sglang", "unified (sglang rules)",
+            "sglang vs the oracle (before)", "oracle (sglang rules) / oracle (before)"]
+    order = table[key].drop_duplicates().itertuples(index=False, name=None)
+    return eff.loc[list(order), cols].round(3).reset_index().to_markdown(index=False)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--render-only", action="store_true",
+                   help="print the table from the CSV already in --out (no runs)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    table = pd.DataFrame(rows())
-    args.out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out / "sglang_headline.csv", index=False)
-    wide = table.pivot_table(index=["trace", "model", "kv_budget_gib"], columns="label",
-                             values="capacity_efficiency", sort=False, dropna=False)
-    running = table.pivot_table(index=["trace", "model", "kv_budget_gib"], columns="label",
-                                values="mean_running", sort=False, dropna=False)
-    wide["sglang vs the oracle (before)"] = running["sglang"] / running["oracle (before)"]
-    wide["oracle (sglang rules) / oracle (before)"] = (running["oracle (sglang rules)"]
-                                                       / running["oracle (before)"])
-    cols = ["fixed_ratio (before)", "sglang", "unified (sglang rules)",
-            "sglang vs the oracle (before)", "oracle (sglang rules) / oracle (before)"]
-    print(wide[cols].round(3).to_markdown())
+    if args.render_only:
+        table = pd.read_csv(args.out / "sglang_headline.csv")
+    else:
+        table = pd.DataFrame(rows())
+        args.out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.out / "sglang_headline.csv", index=False)
+    print(render(table))
     print(f"\n{time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0
 
