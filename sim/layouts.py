@@ -342,7 +342,8 @@ def check_fits(plan: LayoutPlan, max_request_tokens: int, *,
     request (all prompt, in chunks of `prefill_chunk_tokens`, the window
     ratchet between) on an empty pool of `plan`, so a request passes here
     exactly when the engine can hold it (band alignment, sink and page
-    rounding included). Returns the request's per-band footprint
+    rounding included), holding `state_slots_per_request` state slots (the
+    engine rules', `sim.engines`). Returns the request's per-band footprint
     (`worst_case_request_bytes`), which also names the band in the error.
 
     Raises:
@@ -351,6 +352,8 @@ def check_fits(plan: LayoutPlan, max_request_tokens: int, *,
     """
     need = worst_case_request_bytes(plan.model, max_request_tokens, 0, plan.page_size,
                                     prefill_chunk_tokens=prefill_chunk_tokens)
+    if "mamba" in need:
+        need["mamba"] *= state_slots_per_request  # the engine rules' slots
     try:
         ok = fits_alone(plan, max_request_tokens, prefill_chunk_tokens=prefill_chunk_tokens,
                         compaction=compaction, state_slots_per_request=state_slots_per_request)

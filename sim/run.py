@@ -192,6 +192,8 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     plan = build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
                         kind=config.layout, static_ratio=config.static_ratio)
     reqs = _requests(df)
+    # SGLang's cap first: a state pool without one request's slots refuses to start
+    max_running = plan.max_running(config.scheduler.max_running, state.state_slots_per_request)
     limit = _request_limit(plan, config, reqs, state.state_slots_per_request)
     pool = plan.make_pool(SimBackend(), config.compaction, ids="numpy")  # host ids, no tensor per call
     block = config.scheduler.block_tokens or df.attrs.get("block_tokens")
@@ -201,7 +203,7 @@ def _run(config, progress, trace_df, hw) -> RunResult:
                     state_slots_per_request=state.state_slots_per_request)
     sim = Simulation(
         reqs, memory, step_cost=cost_model.EngineStepCost(model, hw), kv_bytes=KVRead(model),
-        max_running=plan.max_running(config.scheduler.max_running, state.state_slots_per_request),
+        max_running=max_running,
         prefill_tokens_per_step=config.scheduler.prefill_tokens_per_step, max_tokens=limit,
         reserve=(config.scheduler.reserve_init, config.scheduler.reserve_min,
                  config.scheduler.reserve_decay),
@@ -215,8 +217,7 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     identity = _identity(config, df, model, plan)
     identity["engine_rules"] = {"engine": state.engine, "state_dtype": state.state_dtype,
                                 "state_slots_per_request": state.state_slots_per_request,
-                                "max_running": plan.max_running(config.scheduler.max_running,
-                                                                state.state_slots_per_request)}
+                                "max_running": max_running}
     identity["hardware"] = hw.as_dict()  # every coefficient the run was charged at, with its provenance
     return RunResult(config, identity, steps, requests, summary, sim.violations,
                      time.perf_counter() - t0)

@@ -192,3 +192,25 @@ def test_the_fit_check_holds_the_rules_state_slots():
     plan = build_layout(model, kv_budget_gib=0.25, page_size=16, kind="end_end")
     assert fits_alone(plan, 1000, state_slots_per_request=1)
     assert not fits_alone(plan, 1000, state_slots_per_request=5)
+
+
+# -- bad input through the CLI (the bad-input corpus's probe helpers) -----------------------
+
+@pytest.mark.parametrize("args, words", [
+    (["--model", "jamba-1.5-mini", "--layout", "sglang"], ["sglang", "JambaForCausalLM"]),
+    (["--model", "nemotron-3-nano-30b-a3b", "--layout", "sglang", "--kv-budget-gib", "0.28"],
+     ["state pool", "1 slots", "5", "kv_budget_gib"]),
+    (["--engine", "tgi"], ["engine", "tgi", "sglang"]),
+    (["--state-slots-per-request", "0"], ["state_slots_per_request", "0"]),
+    (["--layout", "static"], ["layout", "static"]),
+])
+def test_bad_engine_input_is_refused_by_the_cli(args, words, tmp_path):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parents[1] / "bad_input"))
+    from cli_probe import assert_complete_or_absent, assert_refused, run_cli
+
+    out = tmp_path / "run"
+    result = run_cli(["replay", "--trace-end-s", "5", "--no-figures", "--out", out, *args])
+    assert_refused(result, *words)
+    assert_complete_or_absent(out)
