@@ -33,7 +33,7 @@ def main() -> int:
                                           / "azure_llm_2023_conv.csv"))
     p.add_argument("--model", default="gemma-3-12b")
     p.add_argument("--kv-budget-gib", type=float, default=8.0)
-    p.add_argument("--layouts", nargs="+", default=["static", "end_end", "oracle"])
+    p.add_argument("--layouts", nargs="+", default=["fixed_ratio", "end_end", "oracle"])
     p.add_argument("--end-s", type=float, default=None, help="replay only the first END_S seconds")
     p.add_argument("--profile", action="store_true", help="cProfile the first layout")
     args = p.parse_args()

@@ -27,7 +27,7 @@ from unikv.sim.run import run
 HYMBA = dict(model="hymba-1.5b-base", kv_budget_gib=1.0)
 CASES = {
     "end_end": dict(trace="azure_conv", trace_end_s=300, layout="end_end"),
-    "static": dict(trace="azure_conv", trace_end_s=300, layout="static"),
+    "fixed_ratio": dict(trace="azure_conv", trace_end_s=300, layout="fixed_ratio"),
     "oracle": dict(trace="azure_conv", trace_end_s=300, layout="oracle"),
     "eager": dict(trace="azure_conv", trace_end_s=120, layout="end_end", compaction="eager"),
     "hymba_float": dict(trace="azure_conv", trace_end_s=120, layout="end_float_end", **HYMBA),
@@ -37,13 +37,16 @@ CASES = {
                                  oversize="reject", **HYMBA),
     "tight_end_end": dict(trace="azure_conv", trace_end_s=120, layout="end_end", kv_budget_gib=0.6,
                           oversize="reject"),
-    "tight_static": dict(trace="azure_conv", trace_end_s=120, layout="static", kv_budget_gib=0.6,
-                         oversize="reject"),
+    "tight_fixed_ratio": dict(trace="azure_conv", trace_end_s=120, layout="fixed_ratio", kv_budget_gib=0.6,
+                              oversize="reject"),
     "tight_mooncake": dict(trace="mooncake_conversation", layout="end_end", max_requests=300,
                            kv_budget_gib=0.5, oversize="reject"),
     "tight_hymba": dict(trace="azure_conv", trace_end_s=60, layout="end_float_end",
                         model="hymba-1.5b-base", kv_budget_gib=0.25, oversize="reject"),
 }
+# Cases renamed since a store was saved: their outputs are looked up under the
+# old name too (the layout "static" became "fixed_ratio", numbers unchanged).
+STORED_AS = {"fixed_ratio": "static", "tight_fixed_ratio": "tight_static"}
 
 
 def outputs(case: dict) -> tuple:
@@ -81,6 +84,8 @@ def main(argv=None) -> int:
         now = outputs(CASES[name])
         wall = time.perf_counter() - t0
         path = folder / f"{name}.pkl"
+        if args.mode == "check" and not path.exists() and name in STORED_AS:
+            path = folder / f"{STORED_AS[name]}.pkl"
         if args.mode == "save":
             path.write_bytes(pickle.dumps(now))
             print(f"{name}: saved ({now[2]['steps']} steps, {wall:.1f} s)")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 from unikv.sim.config import COMPACTIONS, LAYOUTS, OVERSIZE, RunConfig, SchedulerConfig
+from unikv.sim.engines import ENGINE_OF_LAYOUT, effective_engine
 from unikv.sim.layouts import applicable_kinds
 from unikv.sim.models import load_model
 
@@ -177,8 +178,10 @@ def _replay(argv: Sequence[str]) -> int:
     with progress_bar(config.layout, show=show) as progress:
         result = run(config, progress=progress)
     if not args.no_oracle and config.layout != "oracle":
-        # the oracle ignores compaction and the static ratio
-        oracle_config = config.with_(layout="oracle", compaction="lazy", static_ratio=None)
+        # the oracle ignores compaction and the static ratio, and runs under
+        # the same engine rules as the layout it scores
+        engine = effective_engine(config.scheduler.engine, config.layout)
+        oracle_config = config.with_(layout="oracle", compaction="lazy", static_ratio=None, engine=engine)
         with progress_bar("oracle", show=show) as progress:
             oracle = run(oracle_config, progress=progress)
         result.summary.update(capacity_efficiency(result.summary, oracle.summary))
@@ -198,22 +201,52 @@ def _replay(argv: Sequence[str]) -> int:
 
 def grid(config: RunConfig, layouts: Sequence[str], compactions: Sequence[str],
          static_ratios: Sequence[float | None]) -> list[tuple[str, RunConfig]]:
-    """(label, config) for every layout x compaction (x static ratio).
+    """(label, config) for every layout x compaction (x fixed ratio), under
+    each engine's rules (`sim.engines`): with `scheduler.engine` unset, every
+    engine-baseline layout in `layouts` brings its engine, and the other
+    layouts run once under each (labels get "@engine" when there are several);
+    with none, under unikv's rules.
 
     Raises:
-        ValueError: a static ratio `RunConfig` refuses (not finite, <= 0).
+        ValueError: a fixed ratio `RunConfig` refuses (not finite, <= 0).
     """
+    engines = _grid_engines(config, layouts)
     out = []
-    for layout in layouts:
-        if layout == "static":
-            for r in static_ratios or [None]:
-                label = "static" if r is None else f"static@{r:g}"
-                out.append((label, config.with_(layout="static", static_ratio=r, compaction="lazy")))
-        elif layout in ("oracle", "vllm"):  # no compaction to vary
-            out.append((layout, config.with_(layout=layout, compaction="lazy")))
-        else:
-            out.extend((f"{layout}/{c}", config.with_(layout=layout, compaction=c)) for c in compactions)
+    for engine in engines:
+        cfg = config.with_(engine=engine)
+        tag = f"@{engine}" if len(engines) > 1 else ""
+        for layout in layouts:
+            if ENGINE_OF_LAYOUT.get(layout, engine) != engine:
+                continue  # another engine's baseline: it runs in that engine's group
+            own = "" if layout in ENGINE_OF_LAYOUT else tag  # a baseline names its engine already
+            out.extend((label + own, c) for label, c in _layout_runs(cfg, layout, compactions,
+                                                                       static_ratios))
     return out
+
+
+def _grid_engines(config: RunConfig, layouts: Sequence[str]) -> list:
+    if config.scheduler.engine is not None:
+        return [config.scheduler.engine]
+    engines = list(dict.fromkeys(ENGINE_OF_LAYOUT[x] for x in layouts if x in ENGINE_OF_LAYOUT))
+    return engines or [None]
+
+
+def _layout_runs(config: RunConfig, layout: str, compactions: Sequence[str],
+                 static_ratios: Sequence[float]) -> list[tuple[str, RunConfig]]:
+    if layout == "fixed_ratio":
+        return [("fixed_ratio" if r is None else f"fixed_ratio@{r:g}",
+                 config.with_(layout="fixed_ratio", static_ratio=r, compaction="lazy"))
+                for r in static_ratios or [None]]
+    if layout in ("oracle", *ENGINE_OF_LAYOUT):
+        return [(layout, config.with_(layout=layout, compaction="lazy"))]
+    return [(f"{layout}/{c}", config.with_(layout=layout, compaction=c)) for c in compactions]
+
+
+def default_layouts(model, static_ratios: Sequence[float]) -> list[str]:
+    """The layouts `unikv compare` runs for `model` unless told: those that
+    apply, the fixed_ratio split only when ratios are swept."""
+    kinds = applicable_kinds(model)
+    return [k for k in kinds if k != "fixed_ratio" or static_ratios]
 
 
 def compare(argv: Sequence[str] | None = None) -> int:
@@ -234,10 +267,11 @@ def _compare_parser() -> argparse.ArgumentParser:
                         help="several models on the same trace, one table (overrides --model); each runs the "
                              "layouts applicable to it, so a 2-kind and a 3-kind model show all four layouts")
     parser.add_argument("--layouts", nargs="+", default=None, choices=LAYOUTS,
-                        help=f"default: those applicable of {LAYOUTS}")
+                        help=f"default: those applicable of {LAYOUTS} (fixed_ratio only with --static-ratios)")
     parser.add_argument("--compactions", nargs="+", default=list(COMPACTIONS), choices=COMPACTIONS)
     parser.add_argument("--static-ratios", nargs="*", type=float, default=[],
-                        help="extra static split ratios to sweep (the default ratio always runs)")
+                        help="fixed_ratio split ratios to sweep (adds the fixed_ratio layout at its "
+                             "default ratio and these)")
     parser.add_argument("--out", type=Path, default=Path("runs/compare"),
                         help="output folder, replaced whole when the comparison is written")
     parser.add_argument("--format", choices=("parquet", "csv"), default="parquet")
@@ -277,30 +311,34 @@ def plan_grid(args: argparse.Namespace) -> tuple[list[Cell], pd.DataFrame, objec
     df = load_trace(base)
     cells = []
     for name, model in models.items():
-        layouts = list(args.layouts or applicable_kinds(model))
+        layouts = list(args.layouts or default_layouts(model, args.static_ratios))
         if "oracle" not in layouts:
             layouts.append("oracle")
         for label, cfg in grid(base.with_(model=name), layouts, args.compactions,
                                [None] + list(args.static_ratios)):
-            cells.append(Cell(model=name, label=label, config=cfg, skip_reason=cell_problem(cfg, model, df)))
+            cells.append(Cell(model=name, label=label, config=cfg, skip_reason=cell_problem(cfg, df)))
     return cells, df, hw
 
 
-def cell_problem(config: RunConfig, model, df: pd.DataFrame) -> str | None:
+def cell_problem(config: RunConfig, df: pd.DataFrame) -> str | None:
     """Why the cell `config` cannot run on the requests `df` (its layout
-    does not apply to the model, or, with oversize="error", it cannot hold
-    the longest request), or None.
+    does not apply to the model, the engine rules' running cap is 0, or,
+    with oversize="error", it cannot hold the longest request), or None.
 
     Raises:
         ValueError: a budget this host cannot simulate (`check_host_memory`):
             bad input for the whole grid, not one cell.
     """
+    from unikv.sim.engines import rules as engine_rules
     from unikv.sim.layouts import RequestTooLargeError, build_layout, check_fits
     from unikv.sim.run import check_host_memory
 
+    state = engine_rules(config.scheduler, config.layout)  # as `sim.run` holds the run to them
+    model = load_model(config.model, state_dtype=state.state_dtype, kv_cache_dtype=config.kv_cache_dtype)
     try:
         plan = build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
                             kind=config.layout, static_ratio=config.static_ratio)
+        plan.max_running(config.scheduler.max_running, state.state_slots_per_request)
     except ValueError as exc:
         return " ".join(str(exc).split())
     check_host_memory(plan, config.kv_budget_gib)
@@ -308,7 +346,7 @@ def cell_problem(config: RunConfig, model, df: pd.DataFrame) -> str | None:
         if config.oversize == "error":
             longest = int((df["prompt_tokens"] + df["output_tokens"]).max())
             check_fits(plan, longest, prefill_chunk_tokens=config.scheduler.prefill_tokens_per_step,
-                       compaction=config.compaction)
+                       compaction=config.compaction, state_slots_per_request=state.state_slots_per_request)
     except RequestTooLargeError as exc:
         return " ".join(f"cannot hold the trace's longest request: {exc}".split())
     return None
@@ -362,9 +400,10 @@ def _write_comparison(table: pd.DataFrame, out: Path, title: str, draw) -> None:
     draw(table[table["status"] != "skipped"], out / "comparison.png", title)
 
 
-COMPARE_COLUMNS = ["model", "label", "layout", "compaction", "status", "reason", "capacity_efficiency",
-                   "throughput_efficiency", "mean_running", "throughput_tok_s", "admission_rate", "ttft_p50_s",
-                   "ttft_p90_s", "tpot_mean_s", "retractions", "rejected", "mean_available_tokens",
+COMPARE_COLUMNS = ["model", "label", "layout", "compaction", "engine", "status", "reason",
+                   "capacity_efficiency", "throughput_efficiency", "mean_running", "throughput_tok_s",
+                   "admission_rate", "ttft_p50_s", "ttft_p90_s", "tpot_mean_s", "retractions", "rejected",
+                   "mean_available_tokens",
                    "mean_hole_ratio", "mean_unusable_free_ratio", "moves", "moved_bytes",
                    "compaction_overhead", "wall_s"]
 """Columns of comparison.csv. status: "ok", "violations" (the run broke an
@@ -373,19 +412,22 @@ invariant: see its summary.json) or "skipped" (reason: why it could not run)."""
 
 def comparison_table(cells: Sequence[Cell], results: dict, model: str) -> pd.DataFrame:
     """One row per cell of `model`, in grid order; metrics of the cells
-    that ran, capacity efficiency against that model's oracle."""
+    that ran, capacity efficiency against that model's oracle run under the
+    same engine rules."""
     from unikv.sim.summary import capacity_efficiency
 
-    oracle = results.get((model, "oracle"))
+    oracles = {res.config.scheduler.engine: res for (m, _), res in results.items()
+               if m == model and res.config.layout == "oracle"}
     rows = []
     for cell in (c for c in cells if c.model == model):
         row = {"model": model, "label": cell.label, "layout": cell.config.layout,
-               "compaction": cell.config.compaction}
+               "compaction": cell.config.compaction, "engine": cell.config.scheduler.engine}
         res = results.get((model, cell.label))
         if res is None:
             rows.append({**row, "status": "skipped", "reason": cell.skip_reason})
             continue
         s = dict(res.summary)
+        oracle = oracles.get(res.config.scheduler.engine)
         if oracle is not None:
             s.update(capacity_efficiency(s, oracle.summary))
         rows.append({**row, "status": "violations" if res.violations else "ok",

@@ -11,15 +11,19 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from unikv.sim.model_spec import check_kv_cache_dtype
 
-LAYOUTS = ("static", "end_end", "end_float_end", "oracle",
-           "vllm")
+LAYOUTS = (
+    "fixed_ratio",
+    "sglang",
+    "end_end", "end_float_end", "oracle",
+    "vllm",
+)
 COMPACTIONS = ("lazy", "eager")
 OVERSIZE = ("error", "reject")
-RATIO_LAYOUTS = ("static",)
+RATIO_LAYOUTS = ("fixed_ratio",)
 """The layouts `static_ratio` applies to (`sim.layouts.build_layout`)."""
 COMPACTING_LAYOUTS = ("end_end", "end_float_end")
-"""The layouts whose pool compacts (`LayoutPlan.make_pool`: static and
-oracle pools ignore the mode), so the only ones `compaction="eager"` may name."""
+"""The layouts whose pool compacts (`LayoutPlan.make_pool`: fixed-ratio, sglang,
+vllm and oracle pools ignore the mode), so the only ones `compaction="eager"` may name."""
 
 
 def _opt(default, help: str):
@@ -39,11 +43,37 @@ class SchedulerConfig:
     reserve_init: float = _opt(0.7, "decode reserve ratio at start and after a retraction")
     reserve_min: float = _opt(0.1, "floor of the decode reserve ratio")
     reserve_decay: float = _opt(0.001, "decode reserve ratio decay per step")
+    # Engine rules (sim.engines): the state each running request holds.
+    engine: str | None = _opt(None, "engine whose state rules every layout runs under (sglang); "
+                                    "none: the baseline layout's engine, else 1 slot and bf16 state")
+    state_slots_per_request: int | None = _opt(None, "state slots per running request "
+                                                     "(none: the engine's rule)")
+    mamba_cache_strategy: str = _opt("extra_buffer", "SGLang mamba radix cache strategy "
+                                                     "(no_buffer, extra_buffer, extra_buffer_lazy)")
+    overlap_schedule: bool = _opt(True, "SGLang overlap scheduling (ping-pong buffer of 2 slots)")
 
     def __post_init__(self) -> None:
         for name in ("max_running", "prefill_tokens_per_step"):
             _check_int(f"scheduler.{name}", getattr(self, name), minimum=1)
         _check_reserve(self)
+        self._check_engine()
+
+    def _check_engine(self) -> None:
+        from unikv.sim.engines import ENGINES
+        from unikv.sim.sglang import MAMBA_STRATEGIES
+        if self.engine is not None and self.engine not in ENGINES:
+            raise ValueError(f"scheduler.engine={self.engine!r}; valid engines are {list(ENGINES)} "
+                             "or none")
+        slots = self.state_slots_per_request
+        if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 1):
+            raise ValueError(f"scheduler.state_slots_per_request={slots!r} must be a positive "
+                             "integer or none")
+        if self.mamba_cache_strategy not in MAMBA_STRATEGIES:
+            raise ValueError(f"scheduler.mamba_cache_strategy={self.mamba_cache_strategy!r}; valid "
+                             f"strategies are {list(MAMBA_STRATEGIES)}")
+        if self.mamba_cache_strategy == "extra_buffer_lazy" and not self.overlap_schedule:
+            raise ValueError("scheduler.mamba_cache_strategy='extra_buffer_lazy' needs "
+                             "overlap_schedule=True (SGLang refuses it without)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,7 +106,7 @@ class RunConfig:
         page_size: tokens per page of the token bands.
         layout: one of LAYOUTS.
         compaction: "lazy" or "eager" (END bands of unified layouts).
-        static_ratio: the static split's ratio (see sim.layouts); None: default.
+        static_ratio: the fixed_ratio split's ratio (see sim.layouts); None: default.
         oversize: "error" stops before the run if a trace request can never
             fit the layout; "reject" runs and counts such requests rejected.
         seed: RNG seed of the trace transforms that sample (Poisson spacing,
@@ -102,7 +132,7 @@ class RunConfig:
     page_size: int = _opt(16, "tokens per page")
     layout: str = _opt("end_end", "layout kind")
     compaction: str = _opt("lazy", "compaction of unified END bands")
-    static_ratio: float | None = _opt(None, "static split ratio (swa/full tokens, or mamba/full bytes)")
+    static_ratio: float | None = _opt(None, "fixed_ratio split ratio (swa/full tokens, or mamba/full bytes)")
     oversize: str = _opt("error", "a request that can never fit: stop before the run, or reject it")
     seed: int = _opt(0, "seed of sampled trace transforms (Poisson arrivals, spread)")
     check_every: int = _opt(0, "verify pool invariants every N steps (0: never)")
@@ -113,7 +143,8 @@ class RunConfig:
         for name, valid, what in (("layout", LAYOUTS, "layouts"), ("compaction", COMPACTIONS, "modes"),
                                   ("oversize", OVERSIZE, "modes")):
             if getattr(self, name) not in valid:
-                raise ValueError(f"{name}={getattr(self, name)!r}; valid {what} are {list(valid)}")
+                hint = " ('static' is now 'fixed_ratio')" if getattr(self, name) == "static" else ""
+                raise ValueError(f"{name}={getattr(self, name)!r}; valid {what} are {list(valid)}{hint}")
         check_kv_cache_dtype(self.kv_cache_dtype)
         if not isinstance(self.hardware, str) or not self.hardware:
             raise ValueError(f"hardware={self.hardware!r} must be a bundled hardware name or a file path")

@@ -15,10 +15,11 @@ from unikv.backends import SimBackend
 
 
 def fits_alone(plan, tokens: int, *, prefill_chunk_tokens: int | None = None,
-               compaction: str = "lazy") -> bool:
+               compaction: str = "lazy", state_slots_per_request: int = 1) -> bool:
     """Whether an empty pool of `plan` holds one request of `tokens` tokens
     (all prompt: the worst case for a given total), prefilled in chunks of
-    `prefill_chunk_tokens` (None: one forward) with the window ratchet between.
+    `prefill_chunk_tokens` (None: one forward) with the window ratchet between,
+    holding `state_slots_per_request` state slots (the engine rules').
 
     Raises:
         ValueError: the pool itself cannot be built (a band region too small).
@@ -27,7 +28,8 @@ def fits_alone(plan, tokens: int, *, prefill_chunk_tokens: int | None = None,
     pool = plan.make_pool(SimBackend(), compaction)
     try:
         mem = Memory(pool, window_tokens=model.window_tokens if model.swa_layers else None,
-                     block_tokens=None, meta_tokens=model.meta_tokens)
+                     block_tokens=None, meta_tokens=model.meta_tokens,
+                     state_slots_per_request=state_slots_per_request)
     except ValueError:  # not even the shared meta tokens fit
         return False
     req = Request(0, 0.0, tokens, 1)
@@ -42,10 +44,11 @@ def fits_alone(plan, tokens: int, *, prefill_chunk_tokens: int | None = None,
 
 
 def max_request_tokens(plan, cap: int, *, prefill_chunk_tokens: int | None = None,
-                       compaction: str = "lazy") -> int:
+                       compaction: str = "lazy", state_slots_per_request: int = 1) -> int:
     """The most tokens (at most `cap`) for which `fits_alone` holds (bisection)."""
     def fits(n: int) -> bool:
-        return fits_alone(plan, n, prefill_chunk_tokens=prefill_chunk_tokens, compaction=compaction)
+        return fits_alone(plan, n, prefill_chunk_tokens=prefill_chunk_tokens, compaction=compaction,
+                          state_slots_per_request=state_slots_per_request)
 
     if fits(cap):
         return cap

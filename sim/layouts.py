@@ -2,10 +2,12 @@
 
 `build_layout(model, kv_budget_gib=..., page_size=..., kind=...)` turns a
 `ModelSpec` into a `LayoutPlan`: the `Layout` (bands "mamba", "swa", "full"
-low byte -> high byte), the pool class that drives it, and, for the static
-split, the byte fractions a serving engine's start-up ratios give
-(`docs/models.md`, "Static split"); for `vllm`, vLLM's KV-cache groups
-(`sim.vllm_rules`, docs/models.md "Baselines: vllm").
+low byte -> high byte), the pool class that drives it, and, for the fixed
+splits, the byte fractions each band's region gets: `fixed_ratio` at given
+start-up ratios (`docs/models.md`, "Static split"; for sweeps), `sglang` as
+SGLang sizes its pools (`sim.sglang`; docs/models.md, "Baselines: sglang");
+for `vllm`, vLLM's KV-cache groups (`sim.vllm_rules`, docs/models.md
+"Baselines: vllm").
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from unikv.sim import sglang
 from unikv.sim.fit import fits_alone
 from unikv.sim.models import ModelSpec
 from unikv.sim.vllm_rules import VllmGroups, vllm_bands, vllm_groups, vllm_refusal
@@ -21,16 +24,22 @@ from unikv.sim.vllm_rules import VllmGroups, vllm_bands, vllm_groups, vllm_refus
 from unikv import Band, Layout, OraclePool, StaticPartitionPool, UnifiedPool
 from unikv.baselines import VllmPool
 
-LAYOUT_KINDS = ("static", "end_end", "end_float_end", "oracle",
-                "vllm")
+LAYOUT_KINDS = (
+    "fixed_ratio",
+    "sglang",
+    "end_end", "end_float_end", "oracle",
+    "vllm",
+)
+# Layouts whose bands own fixed regions (StaticPartitionPool, `fractions`).
+FIXED_KINDS = frozenset({"fixed_ratio", "sglang"})
 
 # SGLang defaults (python/sglang/srt/server_args.py): swa pool tokens / full pool
 # tokens, and mamba state bytes / full KV bytes. Sources in docs/models.md.
 DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
 
-_POOL_CLASSES = {"static": StaticPartitionPool, "end_end": UnifiedPool,
-                 "end_float_end": UnifiedPool, "oracle": OraclePool,
+_POOL_CLASSES = {"fixed_ratio": StaticPartitionPool, "sglang": StaticPartitionPool,
+                 "end_end": UnifiedPool, "end_float_end": UnifiedPool, "oracle": OraclePool,
                  "vllm": VllmPool}
 _GROWS = {1: ("down",), 2: ("up", "down"), 3: ("up", "float", "down")}
 
@@ -41,7 +50,7 @@ class RequestTooLargeError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class StaticRatio:
-    """Start-up split ratios of the static layout (SGLang's names and meaning).
+    """Start-up split ratios of the fixed_ratio layout (SGLang's names and meaning).
 
     Attributes:
         swa_full_tokens: swa pool tokens / full pool tokens
@@ -67,11 +76,13 @@ class LayoutPlan:
 
     Attributes:
         kind: one of LAYOUT_KINDS.
-        model: the model it was built for.
+        model: the model it was built for (for "sglang": as SGLang stores
+            it, `sim.sglang.deployed_model`).
         layout: the buffer and its bands.
         pool_class: "UnifiedPool", "StaticPartitionPool" or "OraclePool".
-        fractions: band -> share of the bytes past the sink (static only).
-        static_ratio: the ratios the fractions came from (static only).
+        fractions: band -> share of the bytes past the sink (FIXED_KINDS only).
+        static_ratio: the ratios the fractions came from (FIXED_KINDS only).
+        pool_sizes: SGLang's pool sizes over the budget ("sglang" only).
         vllm: vLLM's KV-cache groups (vllm only; `sim.vllm_rules`).
     """
 
@@ -81,6 +92,7 @@ class LayoutPlan:
     pool_class: str
     fractions: Mapping[str, float] | None = field(default=None, hash=False)
     static_ratio: StaticRatio | None = None
+    pool_sizes: sglang.PoolSizes | None = None
     vllm: VllmGroups | None = None
 
     @property
@@ -99,7 +111,7 @@ class LayoutPlan:
     def make_pool(self, backend=None, compaction: str = "lazy", ids: str | None = None):
         """A fresh pool for this plan (compaction applies to UnifiedPool
         only; `ids`: what its allocs return, see `UnifiedPool`)."""
-        if self.kind == "static":
+        if self.kind in FIXED_KINDS:
             return StaticPartitionPool(self.layout, backend, fractions=dict(self.fractions), ids=ids)
         if self.kind == "oracle":
             return OraclePool(self.layout, backend, ids=ids)
@@ -119,8 +131,29 @@ class LayoutPlan:
             "fractions": dict(self.fractions) if self.fractions else None,
             "swa_full_tokens_ratio": ratio.swa_full_tokens if ratio else None,
             "mamba_full_memory_ratio": ratio.mamba_full_memory if ratio else None,
+            "state_slots": self.pool_sizes.state_slots if self.pool_sizes else None,
             "vllm": _vllm_metadata(self) if self.vllm else None,
         }
+
+    def max_running(self, requested: int, slots_per_request: int) -> int:
+        """The running cap of this plan: `requested`, and for "sglang" also
+        SGLang's cap (`sim.sglang.pool_sizes`: token pool // 2, state slots
+        // `slots_per_request`).
+
+        Raises:
+            ValueError: the sglang cap is 0 (SGLang would not start).
+        """
+        sizes = self.pool_sizes
+        if sizes is None:
+            return requested
+        cap = min(requested, sizes.full_tokens // 2)
+        if sizes.state_slots:
+            cap = min(cap, sizes.state_slots // slots_per_request)
+        if cap < 1:  # SGLang refuses to start (resolve_max_num_reqs)
+            raise ValueError(f"sglang layout of {self.model.name!r}: the state pool holds "
+                             f"{sizes.state_slots} slots, fewer than one request's "
+                             f"{slots_per_request}; raise kv_budget_gib")
+        return cap
 
 
 def applicable_kinds(model: ModelSpec) -> tuple[str, ...]:
@@ -129,10 +162,13 @@ def applicable_kinds(model: ModelSpec) -> tuple[str, ...]:
         return ()  # a state-only model (pure Mamba): no token band to lay out yet
     n_bands = len(model.kinds)
     middle = "end_float_end" if n_bands == 3 else "end_end"
-    kinds: tuple[str, ...] = ("static", middle, "oracle")
+    kinds = ["fixed_ratio"]
+    if sglang.unsupported_reason(model) is None:
+        kinds.append("sglang")
+    kinds += [middle, "oracle"]
     if vllm_refusal(model) is None:
-        kinds += ("vllm",)
-    return kinds
+        kinds.append("vllm")
+    return tuple(kinds)
 
 
 def model_bands(model: ModelSpec, page_size: int) -> tuple[Band, ...]:
@@ -209,18 +245,22 @@ def build_layout(model: ModelSpec, *, kv_budget_gib: float, page_size: int, kind
 
     Chains: one kind -> full(down) (or swa(down)); two -> swa|full or
     mamba|full as up|down; three -> mamba(up) | swa(float) | full(down).
-    static and oracle use the same chain (their pools ignore grow).
+    fixed_ratio, sglang and oracle use the same chain (their pools ignore
+    grow); sglang first folds the window layers SGLang does not split into
+    the full band (`sim.sglang.deployed_model`).
 
     Args:
-        static_ratio: see `static_fractions`; used by kind="static" only.
+        static_ratio: see `static_fractions`; used by kind="fixed_ratio" only.
 
     Raises:
         ValueError: an unknown kind (listing LAYOUT_KINDS), a kind the model
-            cannot use (naming the missing band and the kinds that apply),
-            a bad budget or page size, or a budget too small for the bands.
+            cannot use (naming the missing band, or why SGLang cannot deploy
+            it, and the kinds that apply), a bad budget or page size, or a
+            budget too small for the bands.
     """
     if kind not in LAYOUT_KINDS:
-        raise ValueError(f"kind={kind!r} is not one of {LAYOUT_KINDS}")
+        hint = " (the 'static' layout is now 'fixed_ratio')" if kind == "static" else ""
+        raise ValueError(f"kind={kind!r} is not one of {LAYOUT_KINDS}{hint}")
     if not (model.full_layers or model.swa_layers):
         raise ValueError(f"model {model.name!r} is state-only ({model.state_layers} recurrent layers, "
                          "no attention layer): no layout describes a model without a token band yet")
@@ -230,16 +270,32 @@ def build_layout(model: ModelSpec, *, kv_budget_gib: float, page_size: int, kind
         raise ValueError(f"kv_budget_gib={kv_budget_gib!r} must be a positive number")
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
         raise ValueError(f"page_size={page_size!r} must be a positive integer")
+    if kind == "sglang":
+        return _sglang_plan(model, int(kv_budget_gib * 2**30), page_size)
     groups = vllm_groups(model, page_size) if kind == "vllm" else None
     bands = vllm_bands(model, groups) if groups else model_bands(model, page_size)
     layout = Layout(total_bytes=int(kv_budget_gib * 2**30), bands=bands)
     ratio = fractions = None
-    if kind == "static":
+    if kind == "fixed_ratio":
         ratio = _resolve_ratio(model, static_ratio)
         fractions = static_fractions(model, ratio)
     return LayoutPlan(kind=kind, model=model, layout=layout,
                       pool_class=_POOL_CLASSES[kind].__name__, fractions=fractions,
                       static_ratio=ratio, vllm=groups)
+
+
+def _sglang_plan(model: ModelSpec, total_bytes: int, page_size: int) -> LayoutPlan:
+    """SGLang's regions over the whole buffer (`sim.sglang`)."""
+    deployed = sglang.deployed_model(model)
+    layout = Layout(total_bytes=total_bytes, bands=model_bands(deployed, page_size))
+    usable = total_bytes - layout.sink_bytes  # the sink page stands for SGLang's padding slot
+    sizes = sglang.plan_sizes(deployed, budget_bytes=usable, page_size=page_size)
+    fractions = sglang.plan_fractions(deployed, sizes, usable)
+    ratio = StaticRatio(swa_full_tokens=sglang.SWA_FULL_TOKENS_RATIO,
+                        mamba_full_memory=sglang.MAMBA_FULL_MEMORY_RATIO)
+    return LayoutPlan(kind="sglang", model=deployed, layout=layout,
+                      pool_class=StaticPartitionPool.__name__, fractions=fractions,
+                      static_ratio=ratio, pool_sizes=sizes)
 
 
 def _check_kind(model: ModelSpec, kind: str) -> None:
@@ -249,6 +305,9 @@ def _check_kind(model: ModelSpec, kind: str) -> None:
         raise ValueError(f"the vllm layout does not apply: {vllm_refusal(model)}; layouts that "
                          f"apply: {applicable_kinds(model)}")
     have = ", ".join(model.kinds) or "none"
+    if kind == "sglang":
+        raise ValueError(f"sglang layout: {sglang.unsupported_reason(model)}; layouts that "
+                         f"apply: {applicable_kinds(model)}")
     if kind == "end_float_end":
         missing = [k for k in ("full", "swa", "mamba") if k not in model.kinds]
         raise ValueError(f"end_float_end needs full, swa and mamba bands; model {model.name!r} "
@@ -311,14 +370,16 @@ def static_region_bytes(plan: LayoutPlan) -> dict[str, int]:
 
 
 def check_fits(plan: LayoutPlan, max_request_tokens: int, *,
-               prefill_chunk_tokens: int | None = None, compaction: str = "lazy") -> dict[str, int]:
+               prefill_chunk_tokens: int | None = None, compaction: str = "lazy",
+               state_slots_per_request: int = 1) -> dict[str, int]:
     """Raise unless one request of `max_request_tokens` tokens fits `plan` alone.
 
     The decision is the engine's own: `sim.fit.fits_alone` allocates the
     request (all prompt, in chunks of `prefill_chunk_tokens`, the window
     ratchet between) on an empty pool of `plan`, so a request passes here
     exactly when the engine can hold it (band alignment, sink and page
-    rounding included). Returns the request's per-band footprint
+    rounding included), holding `state_slots_per_request` state slots (the
+    engine rules', `sim.engines`). Returns the request's per-band footprint
     (`worst_case_request_bytes`), which also names the band in the error.
 
     Raises:
@@ -327,9 +388,11 @@ def check_fits(plan: LayoutPlan, max_request_tokens: int, *,
     """
     need = worst_case_request_bytes(plan.model, max_request_tokens, 0, plan.page_size,
                                     prefill_chunk_tokens=prefill_chunk_tokens)
+    if "mamba" in need:
+        need["mamba"] *= state_slots_per_request  # the engine rules' slots
     try:
         ok = fits_alone(plan, max_request_tokens, prefill_chunk_tokens=prefill_chunk_tokens,
-                        compaction=compaction)
+                        compaction=compaction, state_slots_per_request=state_slots_per_request)
     except ValueError as exc:  # the pool cannot be built at this budget
         raise RequestTooLargeError(f"{plan.kind} layout of {plan.model.name!r}: {exc}; "
                                    "raise kv_budget_gib") from exc
@@ -341,7 +404,7 @@ def check_fits(plan: LayoutPlan, max_request_tokens: int, *,
 def _too_large(plan: LayoutPlan, tokens: int, need: dict[str, int]) -> str:
     layout = plan.layout
     what = f"one request of {tokens} tokens on {plan.model.name!r}"
-    if plan.kind == "static":
+    if plan.kind in FIXED_KINDS:
         have = static_region_bytes(plan)
         band = max(need, key=lambda b: need[b] - have[b])  # the tightest region
         return (f"{what} needs about {need[band]} bytes in band {band!r}, but its static region "

@@ -36,13 +36,24 @@ class Memory:
             copy is allocated here, page-rounded on every token band, and
             held for the whole run (the window never evicts it); requests
             then hold only their own tokens.
+        state_slots_per_request: state slots a running request holds (the
+            engine rules', `sim.engines`): its live state (`req.state`, the
+            one the prefix cache may keep) and the rest the engine reserves
+            beside it (SGLang: radix retention and ping-pong buffers),
+            released when the request stops running.
     Raises:
         ValueError: the pool cannot hold the meta tokens.
     """
 
     def __init__(self, pool, *, window_tokens: int | None, block_tokens: int | None,
-                 meta_tokens: int = 0) -> None:
+                 meta_tokens: int = 0, state_slots_per_request: int = 1) -> None:
+        if isinstance(state_slots_per_request, bool) or not isinstance(state_slots_per_request, int) \
+                or state_slots_per_request < 1:
+            raise ValueError(f"state_slots_per_request={state_slots_per_request!r} must be a "
+                             "positive integer")
         self.pool = pool
+        self.state_slots = state_slots_per_request
+        self.extra_states: dict[int, list[int]] = {}  # rid -> the reserved slots beside req.state
         self.ps = pool.page_size
         self.window = window_tokens
         self.swa = "swa" in pool.bands and window_tokens is not None
@@ -210,15 +221,25 @@ class Memory:
         req.prefill_target = req.context_tokens
 
     def take_state(self, req: Request) -> bool:
-        """The request's state slot (no eviction); True without a state
-        band, False (nothing taken) when none can be had."""
+        """The request's `state_slots_per_request` slots, all or none (no
+        eviction): the first is `req.state`, the others are reserved beside
+        it until the request stops running; True without a state band."""
         if self.state_band is None:
             return True
-        slot = self.pool.alloc_state(self.state_band, 1)
-        if slot is None:
+        slots = self.pool.alloc_state(self.state_band, self.state_slots)
+        if slots is None:
             return False
-        req.state = int(slot[0])
+        ids = [int(s) for s in slots]
+        req.state = ids[0]
+        if len(ids) > 1:
+            self.extra_states[req.rid] = ids[1:]
         return True
+
+    def _drop_extra_states(self, req: Request) -> None:
+        """Free the slots reserved beside `req.state` (none held: no-op)."""
+        extra = self.extra_states.pop(req.rid, None)
+        if extra:
+            self.pool.free_state(self.state_band, extra)
 
     # -- allocation --
 
@@ -383,7 +404,9 @@ class Memory:
 
     def _forget(self, req: Request) -> None:
         """Take `req`'s positions and pages out of the held totals (its
-        pages are about to be dropped or replaced)."""
+        pages are about to be dropped or replaced) and free its reserved
+        state slots (it stops running)."""
+        self._drop_extra_states(req)
         if req.pages:
             self.held_seq -= req.seq
             self.held_window -= min(req.seq, self.window_cap)

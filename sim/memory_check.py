@@ -23,6 +23,7 @@ def check_holdings(mem: Memory, running: list[Request]) -> list[str]:
     out = []
     held = [p for r in running for p in r.pages[r.shared_pages:]] + mem.meta_pages
     states = [r.state for r in running if r.state is not None]
+    states += [s for r in running for s in mem.extra_states.get(r.rid, ())]
     if mem.cache is not None:
         for node in mem.cache.walk():
             held.extend(node.pages)

@@ -19,6 +19,7 @@ import pandas as pd
 from unikv.sim import cost as cost_model
 from unikv.sim.config import TRACE_FIELDS, RunConfig
 from unikv.sim.engine import Simulation
+from unikv.sim.engines import rules as engine_rules
 from unikv.sim.fit import max_request_tokens
 from unikv.sim.layouts import RequestTooLargeError, build_layout, check_fits
 from unikv.sim.memory import Memory
@@ -188,20 +189,24 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     t0 = time.perf_counter()
     hw = hw or cost_model.HardwareSpec.load(config.hardware)  # first: a bad file fails before the replay
     df = load_trace(config) if trace_df is None else trace_df
-    model = load_model(config.model, kv_cache_dtype=config.kv_cache_dtype)
+    state = engine_rules(config.scheduler, config.layout)  # the same for every layout compared
+    model = load_model(config.model, state_dtype=state.state_dtype, kv_cache_dtype=config.kv_cache_dtype)
     plan = build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
                         kind=config.layout, static_ratio=config.static_ratio)
     check_host_memory(plan, config.kv_budget_gib)
     reqs = _requests(df)
-    limit = _request_limit(plan, config, reqs)
+    # SGLang's cap first: a state pool without one request's slots refuses to start
+    max_running = plan.max_running(config.scheduler.max_running, state.state_slots_per_request)
+    limit = _request_limit(plan, config, reqs, state.state_slots_per_request)
     pool = plan.make_pool(SimBackend(), config.compaction, ids="numpy")  # host ids, no tensor per call
     block = config.scheduler.block_tokens or df.attrs.get("block_tokens")
     use_cache = config.scheduler.prefix_cache and block and "prefix_hashes" in df.columns
     memory = Memory(pool, window_tokens=model.window_tokens if model.swa_layers else None,
-                    block_tokens=int(block) if use_cache else None, meta_tokens=model.meta_tokens)
+                    block_tokens=int(block) if use_cache else None, meta_tokens=model.meta_tokens,
+                    state_slots_per_request=state.state_slots_per_request)
     sim = Simulation(
         reqs, memory, step_cost=cost_model.EngineStepCost(model, hw), kv_bytes=KVRead(model),
-        max_running=config.scheduler.max_running,
+        max_running=max_running,
         prefill_tokens_per_step=config.scheduler.prefill_tokens_per_step, max_tokens=limit,
         reserve=(config.scheduler.reserve_init, config.scheduler.reserve_min,
                  config.scheduler.reserve_decay),
@@ -213,22 +218,26 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     summary = summarize(steps, requests, pool.stats())
     summary["max_request_tokens"] = limit
     identity = _identity(config, df, model, plan)
+    identity["engine_rules"] = {"engine": state.engine, "state_dtype": state.state_dtype,
+                                "state_slots_per_request": state.state_slots_per_request,
+                                "max_running": max_running}
     identity["hardware"] = hw.as_dict()  # every coefficient the run was charged at, with its provenance
     return RunResult(config, identity, steps, requests, summary, sim.violations,
                      time.perf_counter() - t0)
 
 
-def _request_limit(plan, config: RunConfig, reqs: list[Request]) -> int:
+def _request_limit(plan, config: RunConfig, reqs: list[Request], slots: int = 1) -> int:
     """The longest request the engine admits (`sim.fit`); with oversize="error",
     raise (before the run) unless the trace's longest request fits alone."""
     longest = max(r.prompt_tokens + r.output_tokens for r in reqs)
     chunk = config.scheduler.prefill_tokens_per_step
+    fit = {"prefill_chunk_tokens": chunk, "compaction": config.compaction, "state_slots_per_request": slots}
     if config.oversize == "reject":
-        return max_request_tokens(plan, longest, prefill_chunk_tokens=chunk, compaction=config.compaction)
+        return max_request_tokens(plan, longest, **fit)
     try:
-        check_fits(plan, longest, prefill_chunk_tokens=chunk, compaction=config.compaction)
+        check_fits(plan, longest, **fit)
     except RequestTooLargeError as exc:
-        limit = max_request_tokens(plan, longest, prefill_chunk_tokens=chunk, compaction=config.compaction)
+        limit = max_request_tokens(plan, longest, **fit)
         too_long = sum(r.prompt_tokens + r.output_tokens > limit for r in reqs)
         raise RequestTooLargeError(
             f"KV budget {config.kv_budget_gib} GiB ({config.layout}) holds at most {limit} tokens of "

@@ -55,7 +55,7 @@ def budget_floor_gib(trace: TraceSpec, model: str, **cfg) -> float:
     default ratio and the unified layout both hold the slice's longest request."""
     def fits(gib: float) -> bool:
         case = Case(trace=trace, model=model, kv_budget_gib=gib, options=tuple(cfg.items()))
-        return all(holds_longest(case, kind) for kind in ("static", _unified_kind(model)))
+        return all(holds_longest(case, kind) for kind in ("fixed_ratio", _unified_kind(model)))
 
     hi = 1 / 16
     while not fits(hi):

@@ -69,7 +69,7 @@ def calibrated_cases(pairs: Sequence[tuple[TraceSpec, str]], calibration: pd.Dat
 
 
 def capacity_study(trace: TraceSpec, model: str, kv_budget_gib: float,
-                   layouts: Sequence[str] = ("static", "unified", "oracle"),
+                   layouts: Sequence[str] = ("fixed_ratio", "unified", "oracle"),
                    compaction: str = "lazy", **cfg) -> dict[str, RunResult]:
     """Runs of one case with their step tables: label -> RunResult
     ("unified" stands for the model's end_end / end_float_end layout)."""

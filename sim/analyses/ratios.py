@@ -62,7 +62,7 @@ def _static_change(ratio: Ratio | None) -> tuple:
 
 
 def _unified_kind(model: str) -> str:
-    return [k for k in applicable_kinds(load_model(model)) if k not in ("static", "oracle")][0]
+    return [k for k in applicable_kinds(load_model(model)) if k in ("end_end", "end_float_end")][0]
 
 
 def _default_ratio(model: str) -> Ratio | None:

@@ -54,7 +54,7 @@ def layout_runs(cases: Sequence[Case], *, sweep: Sequence[float] = SWEEP_FACTORS
     for case, ratio, fb in zip(cases, matched, bounds):
         default = _default_ratio(case.model)
         at = _default_factor(default, ratio)
-        jobs.append(Job(case, (("layout", "static"), *_static_change(default)),
+        jobs.append(Job(case, (("layout", "fixed_ratio"), *_static_change(default)),
                         (("role", "static_default"), ("sweep_factor", at))))
         if ratio is not None:
             jobs.extend(_sweep_job(case, ratio, f) for f in _spread(sweep, fb) if f != at)
@@ -88,7 +88,7 @@ def feasible_factors(case: Case, ratio: Ratio) -> tuple[float, float] | None:
     value = (lambda r: r.swa_full_tokens) if ratio.bands == ("swa",) else (lambda r: r.mamba_full_memory)
 
     def ok(f: float) -> bool:
-        return holds_longest(case, "static", ratio.scaled(f).as_static_ratio())
+        return holds_longest(case, "fixed_ratio", ratio.scaled(f).as_static_ratio())
 
     ref = value(Ratio(bands=ratio.bands)) / value(ratio)
     if not ok(ref):
@@ -120,7 +120,7 @@ def _clamp(factor: float, bounds: tuple[float, float] | None) -> float:
 
 
 def _sweep_job(case: Case, ratio: Ratio, factor: float) -> Job:
-    return Job(case, (("layout", "static"), ("static_ratio", ratio.scaled(factor))),
+    return Job(case, (("layout", "fixed_ratio"), ("static_ratio", ratio.scaled(factor))),
                (("role", "static_sweep"), ("sweep_factor", round(factor, 6))))
 
 

@@ -13,7 +13,7 @@ def _with_efficiency(runs: pd.DataFrame) -> pd.DataFrame:
     key = pd.MultiIndex.from_frame(runs[CASE_KEYS])
     for col, base in (("capacity_efficiency", "mean_running"), ("throughput_efficiency", "throughput_tok_s")):
         runs[col] = runs[base].to_numpy() / oracle[base].reindex(key).to_numpy()
-    runs["layout"] = runs["layout"].fillna("static")
+    runs["layout"] = runs["layout"].fillna("fixed_ratio")
     runs["compaction"] = runs.get("compaction", pd.Series(index=runs.index, dtype=object)).where(
         runs["layout"].isin(["end_end", "end_float_end"]))
     return runs

@@ -100,12 +100,12 @@ def test_budget_floor_is_where_the_longest_request_starts_to_fit():
     floor = an.budget_floor_gib(TINY, "gemma-3-12b")
     df = TINY.load()
     longest = int((df["prompt_tokens"] + df["output_tokens"]).max())
-    for kind in ("static", "end_end"):
+    for kind in ("fixed_ratio", "end_end"):
         check_fits(build_layout(an.load_model("gemma-3-12b"), kv_budget_gib=floor, page_size=16, kind=kind),
                    longest, prefill_chunk_tokens=8192)
     with pytest.raises(ValueError):
         check_fits(build_layout(an.load_model("gemma-3-12b"), kv_budget_gib=floor / 1.02, page_size=16,
-                                kind="static"), longest, prefill_chunk_tokens=8192)
+                                kind="fixed_ratio"), longest, prefill_chunk_tokens=8192)
 
 
 # -- static ratios --------------------------------------------------------------------------
@@ -131,7 +131,7 @@ def test_feasible_factors_bound_the_sweep():
     longest = int((df["prompt_tokens"] + df["output_tokens"]).max())
 
     def fits(f):
-        plan = build_layout(spec, kv_budget_gib=1.0, page_size=16, kind="static",
+        plan = build_layout(spec, kv_budget_gib=1.0, page_size=16, kind="fixed_ratio",
                             static_ratio=ratio.scaled(f).as_static_ratio())
         try:
             check_fits(plan, longest, prefill_chunk_tokens=8192)
@@ -158,11 +158,11 @@ def _runs() -> pd.DataFrame:
     case = {"trace": "t", "model": "m", "kv_budget_gib": 1.0, "rate_scale": 1.0}
     rows = [
         ("oracle", None, np.nan, 10.0, 0, 1.0, None),
-        ("static_default", "static", np.nan, 6.0, 0, 3.0, None),
-        ("static_sweep", "static", 0.7, 9.0, 1, 1.5, None),   # more running but rejects one
-        ("static_sweep", "static", 1.0, 8.0, 0, 2.0, None),
-        ("static_sweep", "static", 1.4, 8.0, 0, 1.8, None),   # tie on running: lower TTFT wins
-        ("static_sweep", "static", 2.0, np.nan, np.nan, np.nan, "too small"),
+        ("static_default", "fixed_ratio", np.nan, 6.0, 0, 3.0, None),
+        ("static_sweep", "fixed_ratio", 0.7, 9.0, 1, 1.5, None),   # more running but rejects one
+        ("static_sweep", "fixed_ratio", 1.0, 8.0, 0, 2.0, None),
+        ("static_sweep", "fixed_ratio", 1.4, 8.0, 0, 1.8, None),   # tie on running: lower TTFT wins
+        ("static_sweep", "fixed_ratio", 2.0, np.nan, np.nan, np.nan, "too small"),
         ("unified", "end_end", np.nan, 9.5, 0, 1.2, None),
     ]
     df = pd.DataFrame([{**case, "role": r, "layout": lay, "sweep_factor": f, "mean_running": m,

@@ -1,4 +1,4 @@
-"""sim.layouts: chains, pools, the static split, worst-case request checks."""
+"""sim.layouts: chains, pools, the fixed_ratio split, worst-case request checks."""
 
 import pytest
 from unikv.sim.layouts import (
@@ -31,7 +31,7 @@ CHAINS = {
     "mamba": "mamba(up) | full(down)",
     "three": "mamba(up) | swa(float) | full(down)",
 }
-POOLS = {"static": StaticPartitionPool, "end_end": UnifiedPool, "end_float_end": UnifiedPool,
+POOLS = {"fixed_ratio": StaticPartitionPool, "sglang": StaticPartitionPool, "end_end": UnifiedPool, "end_float_end": UnifiedPool,
          "oracle": OraclePool}
 
 
@@ -54,9 +54,10 @@ def test_every_applicable_kind_builds_a_pool_with_room(model_key, kind):
 
 
 def test_applicable_kinds():
-    assert applicable_kinds(MODELS["dense"]) == ("static", "end_end", "oracle", "vllm")
-    assert applicable_kinds(MODELS["swa"]) == ("static", "end_end", "oracle", "vllm")
-    assert applicable_kinds(THREE) == ("static", "end_float_end", "oracle", "vllm")
+    assert applicable_kinds(MODELS["dense"]) == ("fixed_ratio", "sglang", "end_end", "oracle", "vllm")
+    assert applicable_kinds(MODELS["swa"]) == ("fixed_ratio", "sglang", "end_end", "oracle", "vllm")
+    # no architecture SGLang deploys: no sglang layout
+    assert applicable_kinds(THREE) == ("fixed_ratio", "end_float_end", "oracle", "vllm")
 
 
 def test_token_bands_carry_blocks_per_page_and_entry_bytes():
@@ -82,9 +83,14 @@ def test_end_float_end_on_fewer_kinds_says_what_is_missing(model_key):
 def test_end_end_on_three_kinds_and_unknown_kind():
     with pytest.raises(ValueError, match="end_float_end"):
         build_layout(THREE, kv_budget_gib=8, page_size=16, kind="end_end")
-    with pytest.raises(ValueError, match="static.*end_end.*end_float_end.*oracle"):
+    with pytest.raises(ValueError, match="fixed_ratio.*sglang.*end_end.*end_float_end.*oracle"):
         build_layout(THREE, kv_budget_gib=8, page_size=16, kind="float")
-    assert LAYOUT_KINDS == ("static", "end_end", "end_float_end", "oracle", "vllm")
+    assert LAYOUT_KINDS == ("fixed_ratio", "sglang", "end_end", "end_float_end", "oracle", "vllm")
+
+
+def test_the_old_static_kind_is_refused_naming_its_new_name():
+    with pytest.raises(ValueError, match="'static'.*now 'fixed_ratio'"):
+        build_layout(MODELS["swa"], kv_budget_gib=8, page_size=16, kind="static")
 
 
 @pytest.mark.parametrize("kwargs, field", [
@@ -94,10 +100,10 @@ def test_end_end_on_three_kinds_and_unknown_kind():
 ])
 def test_bad_arguments_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
-        build_layout(MODELS["swa"], kind="static", **kwargs)
+        build_layout(MODELS["swa"], kind="fixed_ratio", **kwargs)
 
 
-# -- the static split -----------------------------------------------------------
+# -- the fixed_ratio split -----------------------------------------------------------
 
 def test_default_ratios_give_the_documented_fractions():
     # docs/models.md: swa pool tokens = 0.8 x full pool tokens; mamba = 0.9 x full KV bytes.
@@ -115,20 +121,20 @@ def test_default_ratios_give_the_documented_fractions():
 
 
 def test_static_pool_honours_the_token_ratio_and_the_region_bytes():
-    plan = build_layout(MODELS["swa"], kv_budget_gib=8, page_size=16, kind="static")
+    plan = build_layout(MODELS["swa"], kv_budget_gib=8, page_size=16, kind="fixed_ratio")
     regions = static_region_bytes(plan)
     per_page = {b.name: b.page_bytes for b in plan.layout.bands}
     swa_pages, full_pages = (regions[b] // per_page[b] for b in ("swa", "full"))
     assert swa_pages / full_pages == pytest.approx(0.8, abs=2e-3)
     pool = plan.make_pool()
     assert pool.available_size() == min(swa_pages, full_pages) * 16
-    mplan = build_layout(MODELS["mamba"], kv_budget_gib=8, page_size=16, kind="static")
+    mplan = build_layout(MODELS["mamba"], kv_budget_gib=8, page_size=16, kind="fixed_ratio")
     mpool, mreg = mplan.make_pool(), static_region_bytes(mplan)
     assert mpool.available_state("mamba") == mreg["mamba"] // MODELS["mamba"].state_bytes
 
 
 def test_static_ratio_forms():
-    one = build_layout(MODELS["swa"], kv_budget_gib=8, page_size=16, kind="static", static_ratio=0.5)
+    one = build_layout(MODELS["swa"], kv_budget_gib=8, page_size=16, kind="fixed_ratio", static_ratio=0.5)
     assert one.fractions == pytest.approx({"swa": 0.5 / 1.5, "full": 1 / 1.5})
     m = static_fractions(MODELS["mamba"], 1.0)
     assert m == pytest.approx({"mamba": 0.5, "full": 0.5})
@@ -159,7 +165,7 @@ def test_worst_case_request_bytes_by_hand():
 
 def test_check_fits_static_region_too_small_but_unified_fits():
     model = MODELS["mamba"]
-    static = build_layout(model, kv_budget_gib=1, page_size=16, kind="static")
+    static = build_layout(model, kv_budget_gib=1, page_size=16, kind="fixed_ratio")
     with pytest.raises(RequestTooLargeError, match="band 'full'.*static region"):
         check_fits(static, 24000)
     unified = build_layout(model, kv_budget_gib=1, page_size=16, kind="end_end")
@@ -173,7 +179,7 @@ def test_check_fits_static_region_too_small_but_unified_fits():
 
 def test_check_fits_state_slot_larger_than_its_region():
     model = load_model("nemotron-h-56b")  # 459.6 MB of state per request
-    plan = build_layout(model, kv_budget_gib=1.2, page_size=16, kind="static")
+    plan = build_layout(model, kv_budget_gib=1.2, page_size=16, kind="fixed_ratio")
     with pytest.raises(RequestTooLargeError, match="band 'mamba'"):
         check_fits(plan, 16)
     assert check_fits(build_layout(model, kv_budget_gib=1.2, page_size=16, kind="oracle"), 16)

@@ -24,7 +24,8 @@ def test_same_inputs_same_outputs():
     assert a.violations == [] and a.summary["finished"] == a.summary["arrived"] > 20
 
 
-@pytest.mark.parametrize(("layout", "compaction"), [("static", "lazy"), ("end_end", "eager"), ("oracle", "lazy")])
+@pytest.mark.parametrize(("layout", "compaction"), [("fixed_ratio", "lazy"), ("sglang", "lazy"),
+                                                  ("end_end", "eager"), ("oracle", "lazy"), ("vllm", "lazy")])
 def test_every_layout_runs_and_keeps_invariants(layout, compaction):
     res = run(RunConfig(**SMALL, layout=layout, compaction=compaction))
     assert res.violations == []
@@ -84,7 +85,7 @@ def test_rejected_requests_are_counted_when_asked():
 def test_oracle_admits_at_least_as_much_as_each_layout():
     cfg = RunConfig(trace="azure_conv", trace_end_s=30.0, model="gemma-3-12b", kv_budget_gib=2.0)
     oracle = run(cfg.with_(layout="oracle"))
-    for layout in ("static", "end_end"):
+    for layout in ("fixed_ratio", "end_end"):
         res = run(cfg.with_(layout=layout))
         assert oracle.summary["mean_running"] >= res.summary["mean_running"] * 0.999
         assert oracle.summary["sim_time_s"] <= res.summary["sim_time_s"] * 1.001
@@ -110,19 +111,22 @@ def test_compare_cli_runs_the_grid(tmp_path):
                     "--out", str(tmp_path), "--format", "csv", "--compactions", "lazy", "eager"])
     assert code == 0
     table = pd.read_csv(tmp_path / "comparison.csv")
-    assert set(table["label"]) == {"static", "end_end/lazy", "end_end/eager", "vllm", "oracle"}
+    # each engine baseline with the unified layout and the oracle under its rules
+    assert set(table["label"]) == {"sglang", "end_end/lazy@sglang", "end_end/eager@sglang", "oracle@sglang",
+                                   "vllm", "end_end/lazy@vllm", "end_end/eager@vllm", "oracle@vllm"}
+    assert set(table["engine"]) == {"sglang", "vllm"}
     assert (table.loc[table["label"] == "oracle", "capacity_efficiency"] == 1.0).all()
 
 
 def test_compare_shows_the_four_layouts_side_by_side(tmp_path):
-    """A 2-kind and a 3-kind model on one real trace: static, end_end,
-    end_float_end and the oracle in one table, each scored against its own
-    model's oracle."""
+    """A 2-kind and a 3-kind model on one real trace: sglang (for the model
+    SGLang deploys), end_end, end_float_end and the oracle in one table, each
+    scored against its own model's oracle."""
     code = compare(["--trace-end-s", "8", "--models", "gpt-oss-20b", "hymba-1.5b-base", "--kv-budget-gib", "1",
                     "--out", str(tmp_path), "--format", "csv", "--compactions", "lazy"])
     assert code == 0
     table = pd.read_csv(tmp_path / "comparison.csv")
-    assert set(table["layout"]) == {"static", "end_end", "end_float_end", "vllm", "oracle"}
+    assert set(table["layout"]) == {"sglang", "end_end", "end_float_end", "vllm", "oracle"}
     assert set(table.loc[table["layout"] == "end_float_end", "model"]) == {"hymba-1.5b-base"}
     assert (table.loc[table["layout"] == "oracle", "capacity_efficiency"] == 1.0).all()
     assert (tmp_path / "hymba-1.5b-base" / "end_float_end_lazy").is_dir()
@@ -145,7 +149,7 @@ def test_request_limit_boundary_by_hand():
         run(cfg.with_(kv_budget_gib=(64 - 1) * 2**21 / 2**30), trace_df=df)
 
 
-@pytest.mark.parametrize("layout", ["end_end", "static"])
+@pytest.mark.parametrize("layout", ["end_end", "fixed_ratio"])
 def test_check_fits_and_the_engine_agree_at_the_boundary(layout):
     # A byte budget where check_fits starts to accept one gemma-3-12b request
     # (window band + full band, chunked prefill): the engine runs it there,
@@ -244,7 +248,7 @@ def test_step_columns_are_consistent():
     assert steps["finished"].iloc[-1] == res.summary["finished"]
 
 
-@pytest.mark.parametrize("layout", ["static", "end_float_end", "oracle"])
+@pytest.mark.parametrize("layout", ["fixed_ratio", "end_float_end", "oracle"])
 def test_a_three_kind_model_runs_on_every_layout_it_has(layout):
     """Hymba (full + swa + mamba): the end/float/end layout and its baselines
     replay a real slice with every page accounted for at every check."""
