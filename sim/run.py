@@ -22,6 +22,7 @@ from unikv.sim.fit import max_request_tokens
 from unikv.sim.layouts import RequestTooLargeError, build_layout, check_fits
 from unikv.sim.memory import Memory
 from unikv.sim.models import load_model
+from unikv.sim.prefix_cache import cache_block_tokens
 from unikv.sim.request import Request
 from unikv.sim.summary import summarize
 
@@ -119,6 +120,20 @@ def load_trace(config: RunConfig) -> pd.DataFrame:
     return df
 
 
+def _trace_block(df: pd.DataFrame) -> int | None:
+    """Tokens per prefix hash of a trace frame; None without hashes.
+
+    Raises:
+        ValueError: hashes without a block size in `df.attrs`.
+    """
+    if "prefix_hashes" not in df.columns:
+        return None
+    block = df.attrs.get("block_tokens")
+    if block is None:
+        raise ValueError("the trace has prefix_hashes but no df.attrs['block_tokens'] (tokens per hash)")
+    return int(block)
+
+
 def _requests(df: pd.DataFrame) -> list[Request]:
     hashes = df["prefix_hashes"] if "prefix_hashes" in df.columns else None
     out = []
@@ -189,13 +204,15 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     model = load_model(config.model)
     plan = build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
                         kind=config.layout, static_ratio=config.static_ratio)
+    block = cache_block_tokens(config.scheduler.block_tokens, _trace_block(df),
+                               enabled=config.scheduler.prefix_cache)
+    if block is not None and block != _trace_block(df):  # a multiple of the trace's: regroup its hashes
+        df = traces.regroup_blocks(df, block_tokens=block)
     reqs = _requests(df)
     limit = _request_limit(plan, config, reqs)
     pool = plan.make_pool(SimBackend(), config.compaction, ids="numpy")  # host ids, no tensor per call
-    block = config.scheduler.block_tokens or df.attrs.get("block_tokens")
-    use_cache = config.scheduler.prefix_cache and block and "prefix_hashes" in df.columns
     memory = Memory(pool, window_tokens=model.window_tokens if model.swa_layers else None,
-                    block_tokens=int(block) if use_cache else None, meta_tokens=model.meta_tokens)
+                    block_tokens=block, meta_tokens=model.meta_tokens)
     sim = Simulation(
         reqs, memory, step_cost=cost_model.EngineStepCost(model, hw), kv_bytes=KVRead(model),
         max_running=config.scheduler.max_running,

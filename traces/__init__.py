@@ -11,6 +11,7 @@ from unikv.traces.prefixes import (
     BlockIds,
     ConversationSpec,
     conversation_trace,
+    regroup_blocks,
     shared_prefix_trace,
     with_unique_hashes,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "make_frame",
     "meta_of",
     "poisson_arrivals",
+    "regroup_blocks",
     "repeat",
     "save",
     "scale_rate",
