@@ -99,11 +99,17 @@ def load_trace(config: RunConfig) -> pd.DataFrame:
     opts = {"seed": config.seed, "rate_rps": config.rate_rps, "spread_s": config.spread_s}
     if config.trace in traces.samples.names():
         df = traces.load_sample(config.trace, **opts)
+    elif Path(config.trace).exists() and config.max_requests is not None:  # read only what the slice needs
+        df = traces.load_head(Path(config.trace), config.max_requests, start_s=config.trace_start_s,
+                              end_s=config.trace_end_s, **opts)
     elif Path(config.trace).exists():
         df = traces.load(Path(config.trace), **opts)
     else:
         raise ValueError(f"trace {config.trace!r} is neither a file nor a bundled sample "
                          f"({', '.join(traces.samples.names())})")
+    if df.empty:
+        raise ValueError(f"trace {config.trace!r} holds no request (no data row, or every row was dropped: "
+                         f"{df.attrs.get('dropped', {})})")
     if config.rate_rps is None and len(df) > 1 and not df["arrival_s"].any():
         warnings.warn(f"trace {config.trace!r} has no timestamps: every request arrives at 0 s "
                       "(set rate_rps for Poisson arrivals)", traces.TraceWarning, stacklevel=2)

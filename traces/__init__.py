@@ -6,7 +6,7 @@ with ``arrival_s``, ``prompt_tokens``, ``output_tokens`` and optionally
 """
 
 from unikv.traces.formats import known_formats
-from unikv.traces.loaders import load
+from unikv.traces.loaders import load, load_head
 from unikv.traces.prefixes import (
     BlockIds,
     ConversationSpec,
@@ -64,6 +64,7 @@ __all__ = [
     "gamma_arrivals",
     "known_formats",
     "load",
+    "load_head",
     "load_sample",
     "make_frame",
     "meta_of",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -53,22 +54,31 @@ class Parsed:
 
 
 def parse(path: Path, fmt: Format, raw: RawTable) -> Parsed:
-    """Convert raw values to numbers.
+    """Convert raw values to numbers (one table; see :func:`parse_chunks`)."""
+    return parse_chunks(path, fmt, [raw])
+
+
+def parse_chunks(path: Path, fmt: Format, tables: Iterable[RawTable]) -> Parsed:
+    """Convert raw values to numbers, one table at a time (the raw text of a
+    table is dropped once parsed, so memory follows the parsed columns).
 
     Raises:
-        TraceFormatError: on a value that is not an integer length, an
-            unparsable timestamp, or malformed hash ids (names the line).
+        TraceFormatError: on a value that is not a non-negative integer
+            length, an unparsable timestamp, timestamps with and without a
+            UTC offset in one file, or malformed hash ids (names the line).
     """
-    lines = np.asarray(raw.lines, dtype=np.int64)
-    arrival, origin = _arrivals(path, fmt, raw, lines)
-    return Parsed(
-        arrival_s=arrival,
-        prompt=_ints(path, raw.columns[fmt.prompt], fmt.prompt, lines),
-        output=_ints(path, raw.columns[fmt.output], fmt.output, lines),
-        hashes=_hashes(path, raw.columns[fmt.hashes], fmt.hashes, lines) if fmt.hashes else None,
-        lines=lines,
-        origin=origin,
-    )
+    parts = []
+    clock = _Clock(path)
+    for raw in tables:
+        lines = np.asarray(raw.lines, dtype=np.int64)
+        parts.append(Parsed(
+            arrival_s=_arrival_keys(path, fmt, raw, lines, clock),
+            prompt=_ints(path, raw.columns[fmt.prompt], fmt.prompt, lines, text=fmt.container == "csv"),
+            output=_ints(path, raw.columns[fmt.output], fmt.output, lines, text=fmt.container == "csv"),
+            hashes=_hashes(path, raw.columns[fmt.hashes], fmt.hashes, lines) if fmt.hashes else None,
+            lines=lines, origin=None,
+        ))
+    return _joined(path, fmt, parts, clock)
 
 
 def _bad_value(path: Path, line: int, column: str, value: Any, expected: str) -> TraceFormatError:
@@ -78,31 +88,99 @@ def _bad_value(path: Path, line: int, column: str, value: Any, expected: str) ->
 _MAX_TOKENS = 2**53  # beyond this a float64 no longer holds every integer
 
 
-def _ints(path: Path, values: list[Any], column: str, lines: np.ndarray) -> np.ndarray:
+def _ints(path: Path, values: list[Any], column: str, lines: np.ndarray, *, text: bool) -> np.ndarray:
+    """Token counts: integers >= 0 (CSV text, or JSON numbers: a JSON string is refused)."""
     nums = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=np.float64)
     with np.errstate(invalid="ignore"):
-        bad = ~np.isfinite(nums) | (nums != np.floor(nums)) | (np.abs(nums) > _MAX_TOKENS)
-    bad |= np.fromiter((isinstance(v, bool) for v in values), dtype=bool, count=len(values))
+        bad = ~np.isfinite(nums) | (nums != np.floor(nums)) | (np.abs(nums) > _MAX_TOKENS) | (nums < 0)
+    wrong_type = (bool,) if text else (bool, str)
+    bad |= np.fromiter((isinstance(v, wrong_type) for v in values), dtype=bool, count=len(values))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise _bad_value(path, int(lines[i]), column, values[i], "an integer token count")
+        raise _bad_value(path, int(lines[i]), column, values[i], "an integer token count >= 0")
     return nums.astype(np.int64)
 
 
-def _arrivals(path: Path, fmt: Format, raw: RawTable, lines: np.ndarray) -> tuple[np.ndarray | None, str | None]:
+class _Clock:
+    """What the rows read so far say about their clock: the earliest
+    arrival (its key and raw text) and, for timestamps, whether they carry
+    a UTC offset (a file mixing both cannot be put on one clock)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.first: tuple[Any, str] | None = None
+        self.aware: tuple[bool, int, str] | None = None  # (has an offset, line, text) of the first stamp
+
+    def see_min(self, keys: np.ndarray, values: list[Any]) -> None:
+        if not len(keys):
+            return
+        i = int(np.argmin(keys))
+        if self.first is None or keys[i] < self.first[0]:
+            self.first = (keys[i], str(values[i]).strip())
+
+    def see_offsets(self, aware: np.ndarray, values: list[Any], lines: np.ndarray) -> None:
+        if not len(aware):
+            return
+        if self.aware is None:
+            self.aware = (bool(aware[0]), int(lines[0]), str(values[0]).strip())
+        other = np.flatnonzero(aware != self.aware[0])
+        if len(other):
+            i = int(other[0])
+            has, line, stamp = self.aware
+            raise TraceFormatError(
+                f"{self.path} line {int(lines[i])}: timestamp {str(values[i]).strip()!r} "
+                f"{'has' if aware[i] else 'has no'} UTC offset, but line {line}'s {stamp!r} "
+                f"{'has' if has else 'has no'}: rows without an offset have no known clock; "
+                "give every timestamp an offset (or none)")
+
+
+def _arrival_keys(path: Path, fmt: Format, raw: RawTable, lines: np.ndarray, clock: _Clock) -> np.ndarray | None:
+    """Arrival keys of one table: UTC nanoseconds for timestamps, else seconds."""
     if fmt.arrival is None:
-        return None, None
+        return None
     values = raw.columns[fmt.arrival]
-    if not values:
-        return np.zeros(0), None
     if TIME_UNITS[fmt.time_unit] is None:
-        seconds = _datetimes(path, values, fmt.arrival, lines)
+        keys = _datetimes(path, values, fmt.arrival, lines, clock)
     else:
-        seconds = _numbers(path, values, fmt.arrival, lines) / TIME_UNITS[fmt.time_unit]
-    if not fmt.rezero:
-        return seconds, None
-    first = int(np.argmin(seconds))
-    return seconds - seconds[first], str(values[first]).strip()
+        keys = _numbers(path, values, fmt.arrival, lines) / TIME_UNITS[fmt.time_unit]
+    clock.see_min(keys, values)
+    return keys
+
+
+def _joined(path: Path, fmt: Format, parts: list[Parsed], clock: _Clock) -> Parsed:
+    """One Parsed from the tables' parts; arrivals in seconds, re-zeroed as the format says."""
+    hashes = _joined_hashes(path, fmt, parts)
+    out = Parsed(
+        arrival_s=None, prompt=_cat([p.prompt for p in parts], np.int64),
+        output=_cat([p.output for p in parts], np.int64), hashes=hashes,
+        lines=_cat([p.lines for p in parts], np.int64), origin=None,
+    )
+    if fmt.arrival is None:
+        return out
+    keys = _cat([p.arrival_s for p in parts if p.arrival_s is not None],
+                np.int64 if TIME_UNITS[fmt.time_unit] is None else np.float64)
+    if TIME_UNITS[fmt.time_unit] is None:  # timestamps: seconds after the earliest, as pandas divides
+        keys = ((keys - keys.min()) / 1e9) if len(keys) else np.zeros(0)
+    if not fmt.rezero or not len(keys):
+        return dataclasses.replace(out, arrival_s=keys)
+    first = int(np.argmin(keys))
+    assert clock.first is not None
+    return dataclasses.replace(out, arrival_s=keys - keys[first], origin=clock.first[1])
+
+
+def _joined_hashes(path: Path, fmt: Format, parts: list[Parsed]) -> list[list[int]] | None:
+    """The tables' hash lists; None when no row has any (a table without them
+    beside one with them is a row without hashes: refused, as within a table)."""
+    if fmt.hashes is None or all(p.hashes is None for p in parts):
+        return None
+    bare = next((p for p in parts if p.hashes is None and len(p.lines)), None)
+    if bare is not None:
+        raise _bad_value(path, int(bare.lines[0]), fmt.hashes, None, "a list of integer block ids")
+    return [h for p in parts for h in (p.hashes or [])]
+
+
+def _cat(arrays: list[np.ndarray], dtype: Any) -> np.ndarray:
+    return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype=dtype)
 
 
 def _numbers(path: Path, values: list[Any], column: str, lines: np.ndarray) -> np.ndarray:
@@ -114,17 +192,27 @@ def _numbers(path: Path, values: list[Any], column: str, lines: np.ndarray) -> n
     return nums
 
 
-def _datetimes(path: Path, values: list[Any], column: str, lines: np.ndarray) -> np.ndarray:
-    """Parse ISO-8601 text (offsets converted to UTC) into seconds after the earliest."""
+_OFFSET = r"(?:Z|[+-]\d\d:?\d\d)\s*$"  # an ISO-8601 UTC offset at the end of a timestamp
+
+
+def _datetimes(path: Path, values: list[Any], column: str, lines: np.ndarray, clock: _Clock) -> np.ndarray:
+    """Parse ISO-8601 text into UTC nanoseconds (offsets converted to UTC).
+
+    Rows with an offset and rows without one are refused together (via
+    ``clock``): reading the naive ones as UTC would shift them silently.
+    """
+    series = pd.Series(values, dtype=object)
+    aware = series.astype(str).str.contains(_OFFSET, regex=True).to_numpy(dtype=bool)
+    clock.see_offsets(aware, values, lines)
     try:
-        stamps = pd.to_datetime(pd.Series(values, dtype=object), format="ISO8601", utc=True, errors="coerce")
+        stamps = pd.to_datetime(series, format="ISO8601", utc=True, errors="coerce")
     except (ValueError, TypeError, OverflowError) as exc:
         raise TraceFormatError(f"{path}: column {column!r}: cannot parse timestamps: {exc}") from exc
     bad = stamps.isna().to_numpy()
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise _bad_value(path, int(lines[i]), column, values[i], "a timestamp 'YYYY-MM-DD HH:MM:SS[.f]'")
-    return ((stamps - stamps.min()) / pd.Timedelta(seconds=1)).to_numpy(dtype=np.float64)
+    return pd.DatetimeIndex(stamps).as_unit("ns").asi8
 
 
 def _hashes(path: Path, values: list[Any], column: str, lines: np.ndarray) -> list[list[int]] | None:

@@ -11,8 +11,9 @@ import csv
 import dataclasses
 import gzip
 import json
+import stat
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -55,6 +56,34 @@ class RawTable:
 
     def __len__(self) -> int:
         return len(self.lines)
+
+
+def check_file(path: Path) -> None:
+    """Refuse a path that is not a readable regular file, without opening it
+    (a FIFO would block the reader; a directory is not a trace).
+
+    Raises:
+        FileNotFoundError: when nothing exists at ``path``.
+        TraceFormatError: for a directory, FIFO, socket or device, naming it.
+    """
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"trace file not found: {path}") from None
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot read the trace file: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(mode):
+        raise TraceFormatError(f"{path}: is {_kind(mode)}, not a trace file (expected a CSV, JSON Lines or "
+                               "Parquet file)")
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def magic(path: Path, n: int = 4) -> bytes:
@@ -134,6 +163,9 @@ def missing_columns_error(
     )
 
 
+CHUNK_ROWS = 65_536  # rows parsed at a time: bounds the raw text held while reading
+
+
 def read_csv(path: Path, wanted: Sequence[str], *, max_rows: int | None = None) -> RawTable:
     """Read the ``wanted`` columns of a CSV file with a header line.
 
@@ -149,6 +181,15 @@ def read_csv(path: Path, wanted: Sequence[str], *, max_rows: int | None = None) 
         TraceFormatError: on a missing column, a row with the wrong number of
             fields, or unreadable bytes; the message names the line.
     """
+    return concat_tables(csv_chunks(path, wanted, max_rows=max_rows), wanted)
+
+
+def csv_chunks(
+    path: Path, wanted: Sequence[str], *, max_rows: int | None = None, chunk_rows: int | None = None
+) -> Iterator[RawTable]:
+    """:func:`read_csv` in tables of at most ``chunk_rows`` rows (None: :data:`CHUNK_ROWS`),
+    read as they are consumed."""
+    chunk_rows = chunk_rows or CHUNK_ROWS
     with open_text(path) as f:
         reader = csv.reader(_guarded(path, f))
         header = _read_header(path, reader)
@@ -156,14 +197,31 @@ def read_csv(path: Path, wanted: Sequence[str], *, max_rows: int | None = None) 
         if missing:
             raise missing_columns_error(path, missing, header, wanted)
         pos = [header.index(c) for c in wanted]
-        cols: dict[str, list[Any]] = {c: [] for c in wanted}
-        lines: list[int] = []
-        for row in _csv_rows(path, reader, len(header)):
-            if max_rows is not None and len(lines) >= max_rows:
+        cols, lines = _new_columns(wanted), []
+        for seen, row in enumerate(_csv_rows(path, reader, len(header))):
+            if max_rows is not None and seen >= max_rows:
                 break
             for c, p in zip(wanted, pos, strict=True):
                 cols[c].append(row[p])
             lines.append(reader.line_num)
+            if len(lines) == chunk_rows:
+                yield RawTable(columns=cols, lines=lines)
+                cols, lines = _new_columns(wanted), []
+        yield RawTable(columns=cols, lines=lines)
+
+
+def _new_columns(keys: Sequence[str]) -> dict[str, list[Any]]:
+    return {k: [] for k in keys}
+
+
+def concat_tables(tables: Iterable[RawTable], keys: Sequence[str]) -> RawTable:
+    """Join raw tables column-wise (for readers that want every row at once)."""
+    cols: dict[str, list[Any]] = {k: [] for k in keys}
+    lines: list[int] = []
+    for t in tables:
+        for k in keys:
+            cols[k].extend(t.columns[k])
+        lines.extend(t.lines)
     return RawTable(columns=cols, lines=lines)
 
 
@@ -209,12 +267,21 @@ def read_jsonl(
         TraceFormatError: on invalid JSON, a non-object line or a missing key;
             the message names the line.
     """
+    return concat_tables(jsonl_chunks(path, wanted, optional=optional, max_rows=max_rows), [*wanted, *optional])
+
+
+def jsonl_chunks(
+    path: Path, wanted: Sequence[str], *, optional: Sequence[str] = (), max_rows: int | None = None,
+    chunk_rows: int | None = None,
+) -> Iterator[RawTable]:
+    """:func:`read_jsonl` in tables of at most ``chunk_rows`` rows (None: :data:`CHUNK_ROWS`),
+    read as they are consumed."""
+    chunk_rows = chunk_rows or CHUNK_ROWS
     keys = [*wanted, *optional]
-    cols: dict[str, list[Any]] = {k: [] for k in keys}
-    lines: list[int] = []
+    cols, lines, seen = _new_columns(keys), [], 0
     with open_text(path) as f:
         for no, text in enumerate(_guarded(path, f), start=1):
-            if max_rows is not None and len(lines) >= max_rows:
+            if max_rows is not None and seen >= max_rows:
                 break
             if not text.strip():
                 continue
@@ -227,7 +294,11 @@ def read_jsonl(
             for k in keys:
                 cols[k].append(rec.get(k))
             lines.append(no)
-    return RawTable(columns=cols, lines=lines)
+            seen += 1
+            if len(lines) == chunk_rows:
+                yield RawTable(columns=cols, lines=lines)
+                cols, lines = _new_columns(keys), []
+    yield RawTable(columns=cols, lines=lines)
 
 
 def _parse_json(path: Path, text: str, line_no: int) -> dict[str, Any]:
