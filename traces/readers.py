@@ -87,9 +87,16 @@ def _kind(mode: int) -> str:
 
 
 def magic(path: Path, n: int = 4) -> bytes:
-    """Return the first ``n`` bytes of a file (raw, not decompressed)."""
-    with open(path, "rb") as f:
-        return f.read(n)
+    """Return the first ``n`` bytes of a file (raw, not decompressed).
+
+    Raises:
+        TraceFormatError: when the file cannot be opened or read.
+    """
+    try:
+        with open(path, "rb") as f:
+            return f.read(n)
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot read the trace file: {exc.strerror or exc}") from exc
 
 
 def open_text(path: Path) -> TextIO:
@@ -103,11 +110,17 @@ def open_text(path: Path) -> TextIO:
 
 
 def _guarded(path: Path, lines: Iterator[str]) -> Iterator[str]:
-    """Re-raise decoding and decompression errors as TraceFormatError."""
+    """Re-raise decoding, decompression and I/O errors as TraceFormatError naming the file."""
     try:
         yield from lines
-    except (UnicodeDecodeError, OSError, EOFError, zlib.error) as exc:
-        raise TraceFormatError(f"{path}: cannot read as UTF-8 text (plain or gzip): {exc}") from exc
+    except UnicodeDecodeError as exc:
+        bad = exc.object[exc.start:exc.start + 1].hex()
+        raise TraceFormatError(f"{path}: not UTF-8 text (byte 0x{bad} cannot be decoded); a trace is CSV or "
+                               "JSON Lines in UTF-8, plain or gzip, or Parquet") from exc
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise TraceFormatError(f"{path}: corrupt or truncated gzip data: {exc}") from exc
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: I/O error while reading: {exc.strerror or exc}") from exc
 
 
 def peek(path: Path) -> Peek:
@@ -124,12 +137,28 @@ def peek(path: Path) -> Peek:
         lines = [ln for ln in _take_nonblank(_guarded(path, f), 2)]
     if not lines:
         return Peek(container="empty", gzip=is_gz)
+    _refuse_json_document(path, lines[0])
     if lines[0].lstrip().startswith("{"):
         first = _parse_json(path, lines[0], _first_line_no(path))
         return Peek(container="jsonl", fields=tuple(first), first=first, gzip=is_gz)
     header = _header(next(csv.reader([lines[0]])))
     first_row = dict(zip(header, next(csv.reader([lines[1]])), strict=False)) if len(lines) > 1 else None
     return Peek(container="csv", fields=header, first=first_row, gzip=is_gz)
+
+
+def _refuse_json_document(path: Path, first: str) -> None:
+    """A file that starts with a JSON list or string holds no rows: say so
+    (it would otherwise be read as a CSV header and called an unknown format)."""
+    text = first.strip()
+    kind = "list" if text.startswith("[") else None
+    if text.startswith('"'):
+        try:
+            kind = "string" if isinstance(json.loads(text), str) else None
+        except json.JSONDecodeError:  # a quoted CSV header: "a","b"
+            kind = None
+    if kind:
+        raise TraceFormatError(f"{path}: starts with a JSON {kind} where rows were expected: JSON Lines (one "
+                               "object per line) or CSV with a header line")
 
 
 def _take_nonblank(lines: Iterator[str], n: int) -> Iterator[str]:
