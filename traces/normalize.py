@@ -20,11 +20,13 @@ import pandas as pd
 from unikv.traces.formats import TIME_UNITS, Format
 from unikv.traces.readers import RawTable
 from unikv.traces.schema import (
+    HASHES,
     TraceFormatError,
     TraceMeta,
     TraceWarning,
     expected_blocks,
     make_frame,
+    with_meta,
 )
 
 FAILED = "failed_responses"
@@ -310,5 +312,17 @@ def sort_by_arrival(path: Path, p: Parsed) -> tuple[Parsed, bool]:
 
 
 def to_frame(p: Parsed, *, arrival_s: np.ndarray, meta: TraceMeta) -> pd.DataFrame:
-    """Assemble the schema frame from parsed rows and final arrival times."""
-    return make_frame(arrival_s, p.prompt, p.output, p.hashes, meta=meta)
+    """Assemble the schema frame from parsed rows and final arrival times.
+
+    The parsed hash lists go into the frame as they are (they are fresh
+    lists, owned by nobody else): a copy would double the largest part of a
+    hashed trace's memory while loading.
+    """
+    df = make_frame(arrival_s, p.prompt, p.output, None, meta=meta)
+    if p.hashes is not None:
+        column = np.empty(len(p.hashes), dtype=object)
+        for i, ids in enumerate(p.hashes):  # item by item: never read as a 2-D array
+            column[i] = ids
+        df[HASHES] = column
+        with_meta(df, meta)
+    return df

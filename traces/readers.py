@@ -192,7 +192,7 @@ def missing_columns_error(
     )
 
 
-CHUNK_ROWS = 65_536  # rows parsed at a time: bounds the raw text held while reading
+CHUNK_ROWS = 16_384  # rows parsed at a time: bounds the raw text held while reading
 
 
 def read_csv(path: Path, wanted: Sequence[str], *, max_rows: int | None = None) -> RawTable:
