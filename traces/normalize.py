@@ -69,18 +69,17 @@ def parse_chunks(path: Path, fmt: Format, tables: Iterable[RawTable]) -> Parsed:
             length, an unparsable timestamp, timestamps with and without a
             UTC offset in one file, or malformed hash ids (names the line).
     """
-    parts = []
+    cols: dict[str, list[Any]] = {k: [] for k in ("arrival_s", "prompt", "output", "hashes", "lines")}
     clock = _Clock(path)
+    text = fmt.container == "csv"
     for raw in tables:
         lines = np.asarray(raw.lines, dtype=np.int64)
-        parts.append(Parsed(
-            arrival_s=_arrival_keys(path, fmt, raw, lines, clock),
-            prompt=_ints(path, raw.columns[fmt.prompt], fmt.prompt, lines, text=fmt.container == "csv"),
-            output=_ints(path, raw.columns[fmt.output], fmt.output, lines, text=fmt.container == "csv"),
-            hashes=_hashes(path, raw.columns[fmt.hashes], fmt.hashes, lines) if fmt.hashes else None,
-            lines=lines, origin=None,
-        ))
-    return _joined(path, fmt, parts, clock)
+        cols["arrival_s"].append(_arrival_keys(path, fmt, raw, lines, clock))
+        cols["prompt"].append(_ints(path, raw.columns[fmt.prompt], fmt.prompt, lines, text=text))
+        cols["output"].append(_ints(path, raw.columns[fmt.output], fmt.output, lines, text=text))
+        cols["hashes"].append(_hashes(path, raw.columns[fmt.hashes], fmt.hashes, lines) if fmt.hashes else None)
+        cols["lines"].append(lines)
+    return _joined(path, fmt, cols, clock)
 
 
 def _bad_value(path: Path, line: int, column: str, value: Any, expected: str) -> TraceFormatError:
@@ -149,18 +148,17 @@ def _arrival_keys(path: Path, fmt: Format, raw: RawTable, lines: np.ndarray, clo
     return keys
 
 
-def _joined(path: Path, fmt: Format, parts: list[Parsed], clock: _Clock) -> Parsed:
-    """One Parsed from the tables' parts; arrivals in seconds, re-zeroed as the format says."""
-    hashes = _joined_hashes(path, fmt, parts)
+def _joined(path: Path, fmt: Format, cols: dict[str, list[Any]], clock: _Clock) -> Parsed:
+    """One Parsed from the tables' columns (each column's parts are released
+    as soon as it is joined); arrivals in seconds, re-zeroed as the format says."""
+    hashes = _joined_hashes(path, fmt, cols.pop("hashes"), cols["lines"])
     out = Parsed(
-        arrival_s=None, prompt=_cat([p.prompt for p in parts], np.int64),
-        output=_cat([p.output for p in parts], np.int64), hashes=hashes,
-        lines=_cat([p.lines for p in parts], np.int64), origin=None,
+        arrival_s=None, prompt=_cat(cols.pop("prompt"), np.int64), output=_cat(cols.pop("output"), np.int64),
+        hashes=hashes, lines=_cat(cols.pop("lines"), np.int64), origin=None,
     )
     if fmt.arrival is None:
         return out
-    keys = _cat([p.arrival_s for p in parts if p.arrival_s is not None],
-                np.int64 if TIME_UNITS[fmt.time_unit] is None else np.float64)
+    keys = _cat(cols.pop("arrival_s"), np.int64 if TIME_UNITS[fmt.time_unit] is None else np.float64)
     if TIME_UNITS[fmt.time_unit] is None:  # timestamps: seconds after the earliest, as pandas divides
         keys = ((keys - keys.min()) / 1e9) if len(keys) else np.zeros(0)
     if not fmt.rezero or not len(keys):
@@ -170,15 +168,17 @@ def _joined(path: Path, fmt: Format, parts: list[Parsed], clock: _Clock) -> Pars
     return dataclasses.replace(out, arrival_s=keys - keys[first], origin=clock.first[1])
 
 
-def _joined_hashes(path: Path, fmt: Format, parts: list[Parsed]) -> list[list[int]] | None:
+def _joined_hashes(
+    path: Path, fmt: Format, parts: list[list[list[int]] | None], lines: list[np.ndarray]
+) -> list[list[int]] | None:
     """The tables' hash lists; None when no row has any (a table without them
     beside one with them is a row without hashes: refused, as within a table)."""
-    if fmt.hashes is None or all(p.hashes is None for p in parts):
+    if fmt.hashes is None or all(h is None for h in parts):
         return None
-    bare = next((p for p in parts if p.hashes is None and len(p.lines)), None)
+    bare = next((ln for h, ln in zip(parts, lines, strict=True) if h is None and len(ln)), None)
     if bare is not None:
-        raise _bad_value(path, int(bare.lines[0]), fmt.hashes, None, "a list of integer block ids")
-    return [h for p in parts for h in (p.hashes or [])]
+        raise _bad_value(path, int(bare[0]), fmt.hashes, None, "a list of integer block ids")
+    return [ids for h in parts for ids in (h or [])]
 
 
 def _cat(arrays: list[np.ndarray], dtype: Any) -> np.ndarray:
