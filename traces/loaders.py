@@ -128,8 +128,10 @@ def load_head(
         ``dropped`` count the rows read, and its history says how many.
 
     Raises:
-        As :func:`load`.
+        TraceFormatError: for ``n < 1``; otherwise as :func:`load`.
     """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise TraceFormatError(f"load_head(n={n!r}): expected a positive integer (requests wanted)")
     path = Path(path)
     check_file(path)
     pk = peek(path)
