@@ -30,6 +30,23 @@ def _opt(default, help: str):
     return field(default=default, metadata={"help": help})
 
 
+def check_block_tokens(value) -> None:
+    """Refuse a prefix block size that is neither None nor a positive integer.
+
+    Args:
+        value: `SchedulerConfig.block_tokens`, tokens per prefix-cache block;
+            None means the trace's own block size.
+
+    Raises:
+        ValueError: naming the field; 0 and negatives are refused, not read
+            as "the trace's" or "no cache" (`sim.prefix_cache.cache_block_tokens`
+            checks the size against the trace).
+    """
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"scheduler.block_tokens={value!r} must be a positive integer (tokens per "
+                         "prefix block) or None (the trace's own block size)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class SchedulerConfig:
     """The engine's scheduling knobs (SGLang-like defaults)."""
@@ -56,6 +73,7 @@ class SchedulerConfig:
         for name in ("max_running", "prefill_tokens_per_step"):
             _check_int(f"scheduler.{name}", getattr(self, name), minimum=1)
         _check_reserve(self)
+        check_block_tokens(self.block_tokens)
         self._check_engine()
 
     def _check_engine(self) -> None:

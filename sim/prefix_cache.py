@@ -18,6 +18,38 @@ import itertools
 from collections.abc import Iterable
 
 
+def cache_block_tokens(requested: int | None, trace_block: int | None, *, enabled: bool) -> int | None:
+    """The prefix cache's block size for a trace, or None for no cache.
+
+    A trace's hash j covers its tokens `[j*B, (j+1)*B)`, B = `trace_block`;
+    hits are counted in whole blocks, so the cache must use B or a multiple
+    of it (the hashes are then regrouped, `traces.prefixes.regroup_blocks`):
+    any other size would scale every hit by the wrong block.
+
+    Args:
+        requested: `SchedulerConfig.block_tokens` (None: the trace's B).
+        trace_block: B in tokens, or None when the trace has no prefix hashes.
+        enabled: `SchedulerConfig.prefix_cache`.
+
+    Raises:
+        ValueError: a requested size that does not apply (no cache, no
+            hashes) or that the trace's hashes cannot honour.
+    """
+    if requested is not None and not enabled:
+        raise ValueError(f"block_tokens={requested} does not apply: the prefix cache is off (--no-prefix-cache)")
+    if requested is not None and trace_block is None:
+        raise ValueError(f"block_tokens={requested} does not apply: the trace has no prefix hashes")
+    if not enabled or trace_block is None:
+        return None
+    if requested is None:
+        return trace_block
+    if requested < trace_block or requested % trace_block:
+        raise ValueError(
+            f"block_tokens={requested} cannot be honoured by the trace's prefix hashes, one per "
+            f"{trace_block} tokens: expected {trace_block} or a multiple of it (hashes regrouped)")
+    return requested
+
+
 class Node:
     __slots__ = ("key", "parent", "children", "pages", "locks", "last_access", "state", "depth", "alive",
                  "nbytes")

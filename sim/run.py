@@ -25,6 +25,7 @@ from unikv.sim.layouts import RequestTooLargeError, build_layout, check_fits
 from unikv.sim.memory import Memory
 from unikv.sim.models import load_model
 from unikv.sim.outdir import staged_dir
+from unikv.sim.prefix_cache import cache_block_tokens
 from unikv.sim.request import Request
 from unikv.sim.summary import summarize
 
@@ -101,11 +102,17 @@ def load_trace(config: RunConfig) -> pd.DataFrame:
     opts = {"seed": config.seed, "rate_rps": config.rate_rps, "spread_s": config.spread_s}
     if config.trace in traces.samples.names():
         df = traces.load_sample(config.trace, **opts)
+    elif Path(config.trace).exists() and config.max_requests is not None:  # read only what the slice needs
+        df = traces.load_head(Path(config.trace), config.max_requests, start_s=config.trace_start_s,
+                              end_s=config.trace_end_s, **opts)
     elif Path(config.trace).exists():
         df = traces.load(Path(config.trace), **opts)
     else:
         raise ValueError(f"trace {config.trace!r} is neither a file nor a bundled sample "
                          f"({', '.join(traces.samples.names())})")
+    if df.empty:
+        raise ValueError(f"trace {config.trace!r} holds no request (no data row, or every row was dropped: "
+                         f"{df.attrs.get('dropped', {})})")
     if config.rate_rps is None and len(df) > 1 and not df["arrival_s"].any():
         warnings.warn(f"trace {config.trace!r} has no timestamps: every request arrives at 0 s "
                       "(set rate_rps for Poisson arrivals)", traces.TraceWarning, stacklevel=2)
@@ -120,6 +127,20 @@ def load_trace(config: RunConfig) -> pd.DataFrame:
     if df.empty:
         raise ValueError(f"trace {config.trace!r} has no request in the selected window")
     return df
+
+
+def _trace_block(df: pd.DataFrame) -> int | None:
+    """Tokens per prefix hash of a trace frame; None without hashes.
+
+    Raises:
+        ValueError: hashes without a block size in `df.attrs`.
+    """
+    if "prefix_hashes" not in df.columns:
+        return None
+    block = df.attrs.get("block_tokens")
+    if block is None:
+        raise ValueError("the trace has prefix_hashes but no df.attrs['block_tokens'] (tokens per hash)")
+    return int(block)
 
 
 def _requests(df: pd.DataFrame) -> list[Request]:
@@ -194,15 +215,17 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     plan = build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
                         kind=config.layout, static_ratio=config.static_ratio)
     check_host_memory(plan, config.kv_budget_gib)
+    block = cache_block_tokens(config.scheduler.block_tokens, _trace_block(df),
+                               enabled=config.scheduler.prefix_cache)
+    if block is not None and block != _trace_block(df):  # a multiple of the trace's: regroup its hashes
+        df = traces.regroup_blocks(df, block_tokens=block)
     reqs = _requests(df)
     # SGLang's cap first: a state pool without one request's slots refuses to start
     max_running = plan.max_running(config.scheduler.max_running, state.state_slots_per_request)
     limit = _request_limit(plan, config, reqs, state.state_slots_per_request)
     pool = plan.make_pool(SimBackend(), config.compaction, ids="numpy")  # host ids, no tensor per call
-    block = config.scheduler.block_tokens or df.attrs.get("block_tokens")
-    use_cache = config.scheduler.prefix_cache and block and "prefix_hashes" in df.columns
     memory = Memory(pool, window_tokens=model.window_tokens if model.swa_layers else None,
-                    block_tokens=int(block) if use_cache else None, meta_tokens=model.meta_tokens,
+                    block_tokens=block, meta_tokens=model.meta_tokens,
                     state_slots_per_request=state.state_slots_per_request)
     sim = Simulation(
         reqs, memory, step_cost=cost_model.EngineStepCost(model, hw), kv_bytes=KVRead(model),

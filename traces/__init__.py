@@ -6,11 +6,12 @@ with ``arrival_s``, ``prompt_tokens``, ``output_tokens`` and optionally
 """
 
 from unikv.traces.formats import known_formats
-from unikv.traces.loaders import load
+from unikv.traces.loaders import load, load_head
 from unikv.traces.prefixes import (
     BlockIds,
     ConversationSpec,
     conversation_trace,
+    regroup_blocks,
     shared_prefix_trace,
     with_unique_hashes,
 )
@@ -63,10 +64,12 @@ __all__ = [
     "gamma_arrivals",
     "known_formats",
     "load",
+    "load_head",
     "load_sample",
     "make_frame",
     "meta_of",
     "poisson_arrivals",
+    "regroup_blocks",
     "repeat",
     "save",
     "scale_rate",

@@ -37,6 +37,9 @@ class Format:
         failed_if_zero_output: rows with 0 output tokens are failed requests.
         rezero: measure arrivals from the earliest row read (raw sources);
             False keeps the file's times (normalized files).
+        ordered: the source publishes its rows in arrival order (or has no
+            arrivals), so the file's first rows are the trace's first
+            requests and a reader may stop early (:func:`traces.load_head`).
         description: one line for error messages and docs.
     """
 
@@ -50,6 +53,7 @@ class Format:
     block_tokens: int | None = None
     failed_if_zero_output: bool = False
     rezero: bool = True
+    ordered: bool = False
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -67,10 +71,11 @@ class Format:
         return tuple(c for c in cols if c)
 
 
+# Every named format's source is published in arrival order (the generic ones promise nothing).
 _AZURE = dict(container="csv", arrival="TIMESTAMP", time_unit="datetime", prompt="ContextTokens",
-              output="GeneratedTokens")
+              output="GeneratedTokens", ordered=True)
 _MOONCAKE = dict(container="jsonl", arrival="timestamp", time_unit="ms", prompt="input_length",
-                 output="output_length")
+                 output="output_length", ordered=True)
 
 FORMATS: dict[str, Format] = {
     f.name: f
@@ -82,18 +87,18 @@ FORMATS: dict[str, Format] = {
         Format(name="mooncake", **_MOONCAKE, hashes="hash_ids", block_tokens=512,
                description="Mooncake FAST'25 JSONL: timestamp (ms),input_length,output_length,hash_ids"),
         Format(name="burstgpt", container="csv", arrival="Timestamp", prompt="Request tokens",
-               output="Response tokens", failed_if_zero_output=True,
+               output="Response tokens", failed_if_zero_output=True, ordered=True,
                description="BurstGPT CSV: Timestamp (s),Model,Request tokens,Response tokens,..."),
         Format(name="vidur", container="csv", arrival="arrived_at", prompt="num_prefill_tokens",
-               output="num_decode_tokens",
+               output="num_decode_tokens", ordered=True,
                description="Vidur processed trace CSV: arrived_at (s),num_prefill_tokens,num_decode_tokens"),
-        Format(name="lengths", container="csv", prompt="num_prefill_tokens", output="num_decode_tokens",
+        Format(name="lengths", container="csv", prompt="num_prefill_tokens", output="num_decode_tokens", ordered=True,
                description="length-only CSV (no timestamps): num_prefill_tokens,num_decode_tokens,..."),
         Format(name="unikv_csv", container="csv", arrival=ARRIVAL, prompt=PROMPT, output=OUTPUT,
-               rezero=False,
+               rezero=False, ordered=True,  # traces.save writes schema frames: sorted
                description="normalized CSV: arrival_s,prompt_tokens,output_tokens[,prefix_hashes]"),
         Format(name="unikv_jsonl", container="jsonl", arrival=ARRIVAL, prompt=PROMPT, output=OUTPUT,
-               hashes=HASHES, rezero=False, description="normalized JSONL with the schema's field names"),
+               hashes=HASHES, rezero=False, ordered=True, description="normalized JSONL with the schema's field names"),
     )
 }
 GENERIC = ("csv", "jsonl")  # need an explicit column mapping

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -20,21 +21,25 @@ from unikv.traces.normalize import (
     Parsed,
     check_hash_lengths,
     drop_unusable,
-    parse,
+    parse_chunks,
     sort_by_arrival,
     to_frame,
 )
-from unikv.traces.readers import Peek, peek, read_csv, read_jsonl
+from unikv.traces.readers import Peek, RawTable, check_file, csv_chunks, jsonl_chunks, peek
 from unikv.traces.schema import (
+    ARRIVAL,
     HASHES,
     TraceFormatError,
     TraceMeta,
     hash_column,
+    meta_of,
     validate,
     with_meta,
 )
 from unikv.traces.synthetic import poisson_arrivals
 from unikv.traces.transforms import spread_buckets
+
+HEAD_MIN_ROWS = 4096  # the fewest rows `load_head` reads first: small heads cost one read
 
 
 def sidecar(path: str | Path) -> Path:
@@ -81,19 +86,75 @@ def load(
         (normalized files keep their times), sorted by arrival.
 
     Raises:
-        FileNotFoundError: when ``path`` is not a file.
-        TraceFormatError: for an unknown format, a missing column, a malformed
+        FileNotFoundError: when ``path`` does not exist.
+        TraceFormatError: for a path that is not a regular file (a directory,
+            a FIFO...: never opened), an unknown format, a missing column, a malformed
             row (the message names its line) or bad options.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"trace file not found: {path}")
+    check_file(path)
+    _check_block_tokens(block_tokens)
     pk = peek(path)
     if pk.container == "parquet" or format == "parquet":
         return _load_parquet(path, block_tokens)
     fmt = _resolve(path, pk, format, columns, time_unit, block_tokens)
-    df = _load_rows(path, fmt, rate_rps=rate_rps, seed=seed, max_rows=max_rows)
+    df, _ = _load_rows(path, fmt, rate_rps=rate_rps, seed=seed, max_rows=max_rows)
     return df if spread_s is None else spread_buckets(df, width_s=spread_s, seed=seed)
+
+
+def load_head(
+    path: str | Path, n: int, *, start_s: float = 0.0, end_s: float | None = None, **opts: Any
+) -> pd.DataFrame:
+    """The trace's first ``n`` requests in ``[start_s, end_s)``, reading the file only as far as they need.
+
+    Reads the first rows (``4 n``, at least 4,096; four times more each
+    retry) of a format whose source is in arrival order (``Format.ordered``)
+    until the window holds ``n`` rows or has ended. Drops, Poisson spacing
+    and the time origin of those rows are those of the full read, so the
+    first ``n`` rows in the window are the same. It reads the whole file
+    (:func:`load`) when that cannot be known from a head: a format with no
+    order promise, Parquet, ``spread_s`` (a bucket's spread depends on the
+    rows after it), or a head whose rows are out of order.
+
+    Args:
+        path: the trace file.
+        n: requests wanted (>= 1).
+        start_s, end_s: the window, seconds after the trace's start.
+        **opts: as for :func:`load` (not ``max_rows``).
+
+    Returns:
+        A frame whose rows in the window begin with the full read's first
+        ``n`` (all of them when it holds fewer); a head's ``rows_read`` and
+        ``dropped`` count the rows read, and its history says how many.
+
+    Raises:
+        TraceFormatError: for ``n < 1``; otherwise as :func:`load`.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise TraceFormatError(f"load_head(n={n!r}): expected a positive integer (requests wanted)")
+    path = Path(path)
+    check_file(path)
+    pk = peek(path)
+    fmt = None if pk.container == "parquet" or opts.get("format") == "parquet" else _resolve(
+        path, pk, opts.get("format"), opts.get("columns"), opts.get("time_unit", "s"), opts.get("block_tokens"))
+    if fmt is None or not fmt.ordered or opts.get("spread_s") is not None:
+        return load(path, **opts)
+    rows = max(4 * n, HEAD_MIN_ROWS)
+    while True:
+        df, read = _load_rows(path, fmt, rate_rps=opts.get("rate_rps"), seed=opts.get("seed", 0), max_rows=rows)
+        if read < rows:  # the whole file
+            return df
+        meta = meta_of(df)
+        if meta.resorted:
+            return load(path, **opts)
+        t = df[ARRIVAL].to_numpy()
+        inside = int(((t >= start_s) & (t < end_s if end_s is not None else True)).sum())
+        # A timed trace whose head is all at 0 s would look untimed (the replay warns): read on.
+        ended = inside >= n or (end_s is not None and len(t) and t[-1] >= end_s)
+        if ended and (fmt.arrival is None or t.any()):
+            return with_meta(df, meta.with_step(f"load_head: first {rows} rows of the file (its first {n} "
+                                                f"requests in [{start_s}, {end_s}) need no more)"))
+        rows *= 4
 
 
 def _resolve(
@@ -114,30 +175,42 @@ def _resolve(
     return fmt
 
 
-def _load_rows(path: Path, fmt: Format, *, rate_rps: float | None, seed: int, max_rows: int | None) -> pd.DataFrame:
+def _load_rows(
+    path: Path, fmt: Format, *, rate_rps: float | None, seed: int, max_rows: int | None
+) -> tuple[pd.DataFrame, int]:
+    """The frame of the file's rows (the first ``max_rows``), and how many data rows were read."""
     if rate_rps is not None and fmt.arrival is not None:
         raise TraceFormatError(f"rate_rps applies to formats without timestamps; {fmt.name} has {fmt.arrival!r}")
-    raw = _read(path, fmt, max_rows)
-    parsed, dropped = drop_unusable(path, fmt, parse(path, fmt, raw))
+    parsed = parse_chunks(path, fmt, _read(path, fmt, max_rows))
+    rows_read = len(parsed.lines)
+    parsed, dropped = drop_unusable(path, fmt, parsed)
     base = _base_meta(path, fmt)
     check_hash_lengths(path, parsed, base.block_tokens)
     parsed, resorted = sort_by_arrival(path, parsed)
     arrival = _final_arrivals(parsed, rate_rps, seed)
     saved = not fmt.rezero and sidecar(path).is_file()
-    meta = _final_meta(base, fmt, len(raw), dropped, parsed, resorted, saved=saved)
+    meta = _final_meta(base, fmt, rows_read, dropped, parsed, resorted, saved=saved)
     if rate_rps is not None:
         meta = meta.with_step(f"poisson_arrivals(rate_rps={rate_rps}, seed={seed})")
     df = to_frame(parsed, arrival_s=arrival, meta=meta)
     _check(path, df)
-    return df
+    return df, rows_read
 
 
-def _read(path: Path, fmt: Format, max_rows: int | None):
+def _read(path: Path, fmt: Format, max_rows: int | None) -> Iterator[RawTable]:
+    """The file's raw rows, one chunk at a time (see :mod:`traces.readers`)."""
     wanted = fmt.required
     if fmt.container == "csv":
-        return read_csv(path, wanted, max_rows=max_rows)
+        return csv_chunks(path, wanted, max_rows=max_rows)
     optional = (fmt.hashes,) if fmt.hashes else ()
-    return read_jsonl(path, wanted, optional=optional, max_rows=max_rows)
+    return jsonl_chunks(path, wanted, optional=optional, max_rows=max_rows)
+
+
+def _check_block_tokens(block_tokens: int | None) -> None:
+    if block_tokens is not None and (isinstance(block_tokens, bool) or not isinstance(block_tokens, int)
+                                     or block_tokens < 1):
+        raise TraceFormatError(f"block_tokens={block_tokens!r}: expected a positive integer (tokens per "
+                               "prefix-hash block) or None")
 
 
 def _base_meta(path: Path, fmt: Format) -> TraceMeta:
@@ -158,7 +231,7 @@ def _final_meta(
     base: TraceMeta, fmt: Format, rows_read: int, dropped: dict[str, int], p: Parsed, resorted: bool, *, saved: bool
 ) -> TraceMeta:
     """Metadata of a fresh load; a reloaded normalized file keeps its saved counts."""
-    block = base.block_tokens if p.hashes else None
+    block = base.block_tokens if p.hashes is not None else None
     if saved:  # from a sidecar: the original source's metadata
         merged = {k: base.dropped.get(k, 0) + dropped.get(k, 0) for k in {*base.dropped, *dropped}}
         return dataclasses.replace(base, block_tokens=block, dropped=merged, resorted=base.resorted or resorted)

@@ -209,3 +209,52 @@ def with_unique_hashes(df: pd.DataFrame, *, block_tokens: int) -> pd.DataFrame:
     out[HASHES] = hash_column(hashes, out.index)
     meta = meta_of(df).with_step(f"with_unique_hashes(block_tokens={block_tokens})", block_tokens=block_tokens)
     return with_meta(out, meta)
+
+
+def regroup_blocks(df: pd.DataFrame, *, block_tokens: int) -> pd.DataFrame:
+    """Re-cut ``prefix_hashes`` into blocks ``k`` times the trace's (``block_tokens = k * B``).
+
+    Block j of the new size covers the trace's blocks ``[j*k, (j+1)*k)``; its
+    id is fresh for each distinct (previous new id, those ``k`` ids), so it
+    names the whole prefix up to the block's end, as an engine's chained
+    block hash of the larger block does: two requests share new block j
+    exactly when they share the trace's first ``(j+1)*k`` blocks (or, for a
+    last partial block, all of their ids). Ids are handed out in row order.
+
+    Args:
+        df: a trace frame with ``prefix_hashes`` and ``attrs['block_tokens'] = B``.
+        block_tokens: the new block size in tokens, a positive multiple of B.
+
+    Returns:
+        A new frame (the input untouched) with ``ceil(prompt / block_tokens)``
+        ids per row and ``attrs['block_tokens'] = block_tokens``.
+
+    Raises:
+        TraceFormatError: without hashes, or when ``block_tokens`` is not a
+            positive multiple of B (a smaller or unaligned block would need
+            token content the trace's hashes do not hold).
+    """
+    if HASHES not in df.columns:
+        raise TraceFormatError(f"regroup_blocks(block_tokens={block_tokens}): the trace has no prefix_hashes")
+    base = int(df.attrs["block_tokens"])
+    if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1 \
+            or block_tokens % base:
+        raise TraceFormatError(
+            f"regroup_blocks(block_tokens={block_tokens!r}): expected a positive multiple of the trace's "
+            f"{base}-token blocks")
+    k = block_tokens // base
+    chained: dict[tuple, int] = {}
+    hashes = [_regroup_row(list(h), k, chained) for h in df[HASHES]]
+    out = df.copy()
+    out[HASHES] = hash_column(hashes, out.index)
+    meta = meta_of(df).with_step(f"regroup_blocks(block_tokens={block_tokens})", block_tokens=block_tokens)
+    return with_meta(out, meta)
+
+
+def _regroup_row(ids: list[int], k: int, chained: dict[tuple, int]) -> list[int]:
+    out, prev = [], -1
+    for j in range(0, len(ids), k):
+        key = (prev, *ids[j: j + k])
+        prev = chained.setdefault(key, len(chained))
+        out.append(prev)
+    return out

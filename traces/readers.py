@@ -11,8 +11,9 @@ import csv
 import dataclasses
 import gzip
 import json
+import stat
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -57,10 +58,45 @@ class RawTable:
         return len(self.lines)
 
 
+def check_file(path: Path) -> None:
+    """Refuse a path that is not a readable regular file, without opening it
+    (a FIFO would block the reader; a directory is not a trace).
+
+    Raises:
+        FileNotFoundError: when nothing exists at ``path``.
+        TraceFormatError: for a directory, FIFO, socket or device, naming it.
+    """
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"trace file not found: {path}") from None
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot read the trace file: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(mode):
+        raise TraceFormatError(f"{path}: is {_kind(mode)}, not a trace file (expected a CSV, JSON Lines or "
+                               "Parquet file)")
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 def magic(path: Path, n: int = 4) -> bytes:
-    """Return the first ``n`` bytes of a file (raw, not decompressed)."""
-    with open(path, "rb") as f:
-        return f.read(n)
+    """Return the first ``n`` bytes of a file (raw, not decompressed).
+
+    Raises:
+        TraceFormatError: when the file cannot be opened or read.
+    """
+    try:
+        with open(path, "rb") as f:
+            return f.read(n)
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot read the trace file: {exc.strerror or exc}") from exc
 
 
 def open_text(path: Path) -> TextIO:
@@ -74,11 +110,17 @@ def open_text(path: Path) -> TextIO:
 
 
 def _guarded(path: Path, lines: Iterator[str]) -> Iterator[str]:
-    """Re-raise decoding and decompression errors as TraceFormatError."""
+    """Re-raise decoding, decompression and I/O errors as TraceFormatError naming the file."""
     try:
         yield from lines
-    except (UnicodeDecodeError, OSError, EOFError, zlib.error) as exc:
-        raise TraceFormatError(f"{path}: cannot read as UTF-8 text (plain or gzip): {exc}") from exc
+    except UnicodeDecodeError as exc:
+        bad = exc.object[exc.start:exc.start + 1].hex()
+        raise TraceFormatError(f"{path}: not UTF-8 text (byte 0x{bad} cannot be decoded); a trace is CSV or "
+                               "JSON Lines in UTF-8, plain or gzip, or Parquet") from exc
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise TraceFormatError(f"{path}: corrupt or truncated gzip data: {exc}") from exc
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: I/O error while reading: {exc.strerror or exc}") from exc
 
 
 def peek(path: Path) -> Peek:
@@ -95,12 +137,28 @@ def peek(path: Path) -> Peek:
         lines = [ln for ln in _take_nonblank(_guarded(path, f), 2)]
     if not lines:
         return Peek(container="empty", gzip=is_gz)
+    _refuse_json_document(path, lines[0])
     if lines[0].lstrip().startswith("{"):
         first = _parse_json(path, lines[0], _first_line_no(path))
         return Peek(container="jsonl", fields=tuple(first), first=first, gzip=is_gz)
     header = _header(next(csv.reader([lines[0]])))
     first_row = dict(zip(header, next(csv.reader([lines[1]])), strict=False)) if len(lines) > 1 else None
     return Peek(container="csv", fields=header, first=first_row, gzip=is_gz)
+
+
+def _refuse_json_document(path: Path, first: str) -> None:
+    """A file that starts with a JSON list or string holds no rows: say so
+    (it would otherwise be read as a CSV header and called an unknown format)."""
+    text = first.strip()
+    kind = "list" if text.startswith("[") else None
+    if text.startswith('"'):
+        try:
+            kind = "string" if isinstance(json.loads(text), str) else None
+        except json.JSONDecodeError:  # a quoted CSV header: "a","b"
+            kind = None
+    if kind:
+        raise TraceFormatError(f"{path}: starts with a JSON {kind} where rows were expected: JSON Lines (one "
+                               "object per line) or CSV with a header line")
 
 
 def _take_nonblank(lines: Iterator[str], n: int) -> Iterator[str]:
@@ -134,6 +192,9 @@ def missing_columns_error(
     )
 
 
+CHUNK_ROWS = 16_384  # rows parsed at a time: bounds the raw text held while reading
+
+
 def read_csv(path: Path, wanted: Sequence[str], *, max_rows: int | None = None) -> RawTable:
     """Read the ``wanted`` columns of a CSV file with a header line.
 
@@ -149,6 +210,15 @@ def read_csv(path: Path, wanted: Sequence[str], *, max_rows: int | None = None) 
         TraceFormatError: on a missing column, a row with the wrong number of
             fields, or unreadable bytes; the message names the line.
     """
+    return concat_tables(csv_chunks(path, wanted, max_rows=max_rows), wanted)
+
+
+def csv_chunks(
+    path: Path, wanted: Sequence[str], *, max_rows: int | None = None, chunk_rows: int | None = None
+) -> Iterator[RawTable]:
+    """:func:`read_csv` in tables of at most ``chunk_rows`` rows (None: :data:`CHUNK_ROWS`),
+    read as they are consumed."""
+    chunk_rows = chunk_rows or CHUNK_ROWS
     with open_text(path) as f:
         reader = csv.reader(_guarded(path, f))
         header = _read_header(path, reader)
@@ -156,14 +226,31 @@ def read_csv(path: Path, wanted: Sequence[str], *, max_rows: int | None = None) 
         if missing:
             raise missing_columns_error(path, missing, header, wanted)
         pos = [header.index(c) for c in wanted]
-        cols: dict[str, list[Any]] = {c: [] for c in wanted}
-        lines: list[int] = []
-        for row in _csv_rows(path, reader, len(header)):
-            if max_rows is not None and len(lines) >= max_rows:
+        cols, lines = _new_columns(wanted), []
+        for seen, row in enumerate(_csv_rows(path, reader, len(header))):
+            if max_rows is not None and seen >= max_rows:
                 break
             for c, p in zip(wanted, pos, strict=True):
                 cols[c].append(row[p])
             lines.append(reader.line_num)
+            if len(lines) == chunk_rows:
+                yield RawTable(columns=cols, lines=lines)
+                cols, lines = _new_columns(wanted), []
+        yield RawTable(columns=cols, lines=lines)
+
+
+def _new_columns(keys: Sequence[str]) -> dict[str, list[Any]]:
+    return {k: [] for k in keys}
+
+
+def concat_tables(tables: Iterable[RawTable], keys: Sequence[str]) -> RawTable:
+    """Join raw tables column-wise (for readers that want every row at once)."""
+    cols: dict[str, list[Any]] = {k: [] for k in keys}
+    lines: list[int] = []
+    for t in tables:
+        for k in keys:
+            cols[k].extend(t.columns[k])
+        lines.extend(t.lines)
     return RawTable(columns=cols, lines=lines)
 
 
@@ -209,12 +296,21 @@ def read_jsonl(
         TraceFormatError: on invalid JSON, a non-object line or a missing key;
             the message names the line.
     """
+    return concat_tables(jsonl_chunks(path, wanted, optional=optional, max_rows=max_rows), [*wanted, *optional])
+
+
+def jsonl_chunks(
+    path: Path, wanted: Sequence[str], *, optional: Sequence[str] = (), max_rows: int | None = None,
+    chunk_rows: int | None = None,
+) -> Iterator[RawTable]:
+    """:func:`read_jsonl` in tables of at most ``chunk_rows`` rows (None: :data:`CHUNK_ROWS`),
+    read as they are consumed."""
+    chunk_rows = chunk_rows or CHUNK_ROWS
     keys = [*wanted, *optional]
-    cols: dict[str, list[Any]] = {k: [] for k in keys}
-    lines: list[int] = []
+    cols, lines, seen = _new_columns(keys), [], 0
     with open_text(path) as f:
         for no, text in enumerate(_guarded(path, f), start=1):
-            if max_rows is not None and len(lines) >= max_rows:
+            if max_rows is not None and seen >= max_rows:
                 break
             if not text.strip():
                 continue
@@ -227,7 +323,11 @@ def read_jsonl(
             for k in keys:
                 cols[k].append(rec.get(k))
             lines.append(no)
-    return RawTable(columns=cols, lines=lines)
+            seen += 1
+            if len(lines) == chunk_rows:
+                yield RawTable(columns=cols, lines=lines)
+                cols, lines = _new_columns(keys), []
+    yield RawTable(columns=cols, lines=lines)
 
 
 def _parse_json(path: Path, text: str, line_no: int) -> dict[str, Any]:

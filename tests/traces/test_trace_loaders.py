@@ -127,12 +127,15 @@ def test_malformed_gzip_row_names_its_line(write, texts):
         load(path)
 
 
-def test_zero_and_negative_lengths_are_dropped_and_counted(write):
-    body = "arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,1\n1,0,5\n2,5,-1\n3,7,7\n"
+def test_zero_lengths_are_dropped_and_counted_and_negative_ones_refused(write):
+    body = "arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,1\n1,0,5\n2,5,0\n3,7,7\n"
     with pytest.warns(TraceWarning, match=r"2 row\(s\) with prompt or output tokens <= 0 \(first at line 3\)"):
         df = load(write(body))
     assert df["prompt_tokens"].tolist() == [10, 7]
     assert df.attrs["dropped"]["nonpositive_lengths"] == 2
+    negative = "arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,1\n2,5,-1\n"
+    with pytest.raises(TraceFormatError, match=r"line 3: column 'num_decode_tokens' = '-1', expected an integer"):
+        load(write(negative))
 
 
 def test_unsorted_rows_are_sorted_with_a_warning(write):
