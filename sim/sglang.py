@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from unikv.sim.model_spec import band_view
 from unikv.sim.models import ModelSpec
 
 SOURCES = {
@@ -208,10 +209,16 @@ def deployed_model(model: ModelSpec) -> ModelSpec:
     window still bounds their attention, not their memory)."""
     if not model.swa_layers or architecture(model) in HYBRID_SWA_ARCHS:
         return model
-    return dataclasses.replace(
-        model, full_layers=model.full_layers + model.swa_layers,
-        full_token_bytes=model.full_token_bytes + model.swa_token_bytes,
-        swa_layers=0, swa_token_bytes=0, window_tokens=None, chunked=False)
+    if not model.token_kinds:  # a spec given by its band view only
+        return dataclasses.replace(
+            model, full_layers=model.full_layers + model.swa_layers,
+            full_token_bytes=model.full_token_bytes + model.swa_token_bytes,
+            swa_layers=0, swa_token_bytes=0, window_tokens=None, chunked=False)
+    kinds = tuple(dataclasses.replace(k, name="full_attention", window_tokens=None) if k.band == "swa" else k
+                  for k in model.token_kinds)
+    view = band_view(kinds, model.state_kinds, f"ModelSpec {model.name!r}",
+                     default_state_dtypes=(model.conv_state_dtype, model.ssm_state_dtype))
+    return dataclasses.replace(model, token_kinds=kinds, **view)
 
 
 def plan_sizes(model: ModelSpec, *, budget_bytes: int, page_size: int) -> PoolSizes:

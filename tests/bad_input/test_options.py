@@ -50,8 +50,8 @@ def runs(monkeypatch) -> list:
     (["--page-size", "0"], ["page_size", "0"]),
     (["--max-running", "0"], ["max_running", "0"]),
     (["--static-ratio", "0.5"], ["static_ratio", "0.5", "end_end"]),
-    (["--layout", "static", "--static-ratio", "inf"], ["static_ratio", "inf"]),
-    (["--layout", "static", "--compaction", "eager"], ["compaction", "eager", "static"]),
+    (["--layout", "fixed_ratio", "--static-ratio", "inf"], ["static_ratio", "inf"]),
+    (["--layout", "fixed_ratio", "--compaction", "eager"], ["compaction", "eager", "fixed_ratio"]),
     (["--layout", "oracle", "--compaction", "eager"], ["compaction", "eager", "oracle"]),
 ])
 def test_a_bad_replay_option_is_refused_before_anything_runs(tmp_path, runs, flags, words):
@@ -82,23 +82,29 @@ def test_compare_checks_its_whole_grid_before_the_first_cell(tmp_path, runs, fla
 
 
 def test_a_cell_that_cannot_run_is_reported_and_the_others_run(tmp_path):
-    """static@0.01 gives the window band 1 % of the tokens: too little for
-    the trace's longest request; the other cells run and are written."""
+    """fixed_ratio@0.01 gives the window band 1 % of the tokens: too little
+    for the trace's longest request; the other cells run and are written
+    (each engine's group: its baseline, the unified layout, the fixed split
+    and the oracle under its rules)."""
     out = tmp_path / "cmp"
     res = run_cli([*COMPARE, "--model", "gpt-oss-20b", "--kv-budget-gib", "0.25", "--static-ratios", "0.01",
                    "--out", out])
     assert res.rc == 3 and "Traceback" not in res.stderr
-    assert "skipped gpt-oss-20b static@0.01: cannot hold" in res.stderr
+    assert "skipped gpt-oss-20b fixed_ratio@0.01@sglang: cannot hold" in res.stderr
     table = pd.read_csv(out / "comparison.csv").set_index("label")
-    assert table.loc["static@0.01", "status"] == "skipped"
-    assert "longest request" in table.loc["static@0.01", "reason"]
-    assert table.loc["static@0.01", ["mean_running", "throughput_tok_s"]].isna().all()
-    ran = table.drop("static@0.01")
-    assert set(ran.index) == {"static", "end_end/lazy", "oracle", "vllm"} and (ran["status"] == "ok").all()
-    for cell in ("static", "end_end_lazy", "oracle"):
-        assert_complete_or_absent(out / cell, "csv")
-        assert (out / cell / "summary.json").exists()
-    assert not (out / "static_0.01").exists()
+    skipped = ["fixed_ratio@0.01@sglang", "fixed_ratio@0.01@vllm"]
+    assert (table.loc[skipped, "status"] == "skipped").all()
+    assert table.loc[skipped, "reason"].str.contains("longest request").all()
+    assert table.loc[skipped, ["mean_running", "throughput_tok_s"]].isna().all().all()
+    ran = table.drop(skipped)
+    cells = {"sglang", "vllm"} | {f"{x}@{e}" for x in ("fixed_ratio", "end_end/lazy", "oracle")
+                                  for e in ("sglang", "vllm")}
+    assert set(ran.index) == cells and (ran["status"] == "ok").all()
+    for cell in cells:
+        folder = out / cell.replace("/", "_").replace("@", "_")
+        assert_complete_or_absent(folder, "csv")
+        assert (folder / "summary.json").exists()
+    assert not (out / "fixed_ratio_0.01_sglang").exists()
 
 
 def test_a_layout_that_does_not_apply_to_a_model_is_reported(tmp_path):
@@ -117,7 +123,7 @@ def test_a_layout_that_does_not_apply_to_a_model_is_reported(tmp_path):
 
 @pytest.mark.parametrize("flags", [
     ["--compaction", "eager"],  # with the oracle run, which ignores the mode: it runs lazy
-    ["--layout", "static", "--static-ratio", "0.5"],
+    ["--layout", "fixed_ratio", "--static-ratio", "0.5"],
     ["--trace-start-s", "1", "--trace-end-s", "none", "--max-requests", "5", "--reserve-min", "0"],
 ])
 def test_options_that_apply_still_run(tmp_path, flags):

@@ -31,9 +31,9 @@ INF, NAN = math.inf, math.nan
     (dict(check_every=1.5), ["check_every", "1.5"]),
     (dict(max_requests=0), ["max_requests", "0"]),
     (dict(max_context_tokens=-5), ["max_context_tokens", "-5"]),
-    (dict(layout="static", static_ratio=INF), ["static_ratio", "inf"]),
-    (dict(layout="static", static_ratio=0.0), ["static_ratio", "0.0"]),
-    (dict(layout="static", static_ratio=NAN), ["static_ratio", "nan"]),
+    (dict(layout="fixed_ratio", static_ratio=INF), ["static_ratio", "inf"]),
+    (dict(layout="fixed_ratio", static_ratio=0.0), ["static_ratio", "0.0"]),
+    (dict(layout="fixed_ratio", static_ratio=NAN), ["static_ratio", "nan"]),
 ])
 def test_a_bad_number_is_refused_and_named(changes, words):
     with pytest.raises(ValueError) as info:
@@ -65,9 +65,9 @@ def test_with_validates_its_changes_too():
 
 
 @pytest.mark.parametrize(("changes", "words"), [
-    (dict(layout="end_end", static_ratio=0.5), ["static_ratio=0.5", "static", "end_end"]),
+    (dict(layout="end_end", static_ratio=0.5), ["static_ratio=0.5", "fixed_ratio", "end_end"]),
     (dict(layout="oracle", static_ratio=0.5), ["static_ratio", "oracle"]),
-    (dict(layout="static", compaction="eager"), ["compaction='eager'", "static", "no effect"]),
+    (dict(layout="fixed_ratio", compaction="eager"), ["compaction='eager'", "fixed_ratio", "no effect"]),
     (dict(layout="oracle", compaction="eager"), ["compaction='eager'", "oracle"]),
 ])
 def test_an_option_that_does_not_apply_to_the_layout_is_refused(changes, words):
@@ -78,20 +78,20 @@ def test_an_option_that_does_not_apply_to_the_layout_is_refused(changes, words):
 
 
 @pytest.mark.parametrize("changes", [
-    dict(), dict(layout="static", static_ratio=0.5), dict(layout="end_float_end", compaction="eager"),
+    dict(), dict(layout="fixed_ratio", static_ratio=0.5), dict(layout="end_float_end", compaction="eager"),
     dict(trace_end_s=None, trace_start_s=-10.0), dict(seed=0, check_every=0), dict(rate_rps=2.0, spread_s=3.0),
 ])
 def test_valid_configs_are_accepted(changes):
     assert RunConfig(**changes).as_dict()["layout"] == changes.get("layout", "end_end")
 
 
-def test_eager_has_no_effect_on_static_and_oracle_pools():
+def test_eager_has_no_effect_on_fixed_split_and_oracle_pools():
     """Why eager is refused there: the pool they build ignores the mode."""
     from unikv.sim.layouts import build_layout
     from unikv.sim.models import load_model
 
     model = load_model("gpt-oss-20b")
-    for kind in ("static", "oracle"):
+    for kind in ("fixed_ratio", "sglang", "oracle", "vllm"):
         plan = build_layout(model, kv_budget_gib=1, page_size=16, kind=kind)
         lazy, eager = plan.make_pool(compaction="lazy"), plan.make_pool(compaction="eager")
         assert type(lazy) is type(eager) and eager.compaction == lazy.compaction

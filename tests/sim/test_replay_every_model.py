@@ -16,13 +16,16 @@ CASES = [(m, kind) for m in list_models() for kind in applicable_kinds(load_mode
 
 @pytest.mark.parametrize("model, layout", CASES, ids=[f"{m}-{k}" for m, k in CASES])
 def test_replays_with_the_accounting_check_on(model, layout):
-    result = run(RunConfig(model=model, layout=layout, **SLICE))
+    # SGLang holds 5 state slots per running request (fp32 SSM): Nemotron-H-56B's
+    # are 0.9 GB each, so its state pool needs a larger budget to start at all
+    budget = 16.0 if layout == "sglang" else SLICE["kv_budget_gib"]
+    result = run(RunConfig(model=model, layout=layout, **{**SLICE, "kv_budget_gib": budget}))
     assert result.violations == []
     assert result.summary["finished"] == SLICE["max_requests"]
 
 
-WINDOW_ONLY = [(m, kind) for m, kind in CASES
-               if load_model(m).swa_layers and not load_model(m).full_layers]
+WINDOW_ONLY = [(m, kind) for m, kind in CASES  # sglang stores Mistral's window layers in full
+               if load_model(m).swa_layers and not load_model(m).full_layers and kind != "sglang"]
 
 
 @pytest.mark.xfail(strict=True, reason="issue 14 item 1 (relengine): on a window-only model, finishing "
