@@ -307,7 +307,8 @@ def falcon_h1_layers(c: Config, x: Context) -> None:
 
 
 _NEMOTRON_LEGACY = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel",
-                    "mamba_expand": "expand", "mamba_chunk_size": "chunk_size"}
+                    "mamba_expand": "expand", "mamba_chunk_size": "chunk_size",
+                    "mamba_conv_bias": "use_conv_bias"}
 _NEMOTRON_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
 
 

@@ -17,7 +17,8 @@ from transformers import CONFIG_MAPPING, AutoModelForCausalLM  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 SHALLOW_LAYERS = 8  # deep enough for every layer kind of the bundled patterns (dense-first, 1-in-4 full)
-_PER_LAYER = ("layer_types", "mlp_layer_types", "no_rope_layers", "layers_block_type",
+_PER_LAYER = ("layer_types", "mlp_layer_types", "no_rope_layers", "layers_block_type", "attn_type_list",
+              "hybrid_layer_pattern", "moe_layer_freq",
               "hybrid_override_pattern")
 
 
@@ -34,7 +35,7 @@ def _shallow(config: dict[str, Any]) -> dict[str, Any]:
         return config
     n = text["num_hidden_layers"] = min(text["num_hidden_layers"], SHALLOW_LAYERS)
     for key in _PER_LAYER:
-        if text.get(key) is not None:
+        if isinstance(text.get(key), (list, str)):
             text[key] = text[key][:n]
     for key in ("moe_layers", "mlp_only_layers"):
         if text.get(key) is not None:
@@ -74,6 +75,36 @@ _EXTRA = {"deepseek_v2": {"num_experts_per_tok": 6}}
 @pytest.mark.parametrize("model_type", SUPPORTED_MODEL_TYPES)
 def test_default_config_counts_equal_transformers(model_type):
     config = _shallow({"model_type": model_type, **_EXTRA.get(model_type, {})})
+    assert count_params(with_defaults(config)).total == transformers_count(config)
+
+
+# Flags the bundled configs leave at their defaults: biases, KV sharing, dense-first and
+# sparse-step layouts, tied heads, a full-rank q for MLA.
+VARIANTS = [
+    {"model_type": "gemma4_text", "num_hidden_layers": 12, "num_kv_shared_layers": 4, "use_double_wide_mlp": True},
+    {"model_type": "gemma4_text", "num_hidden_layers": 6, "attention_bias": True, "attention_k_eq_v": True,
+     "num_global_key_value_heads": 1, "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+     "moe_intermediate_size": 64},
+    {"model_type": "llama", "num_hidden_layers": 2, "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True},
+    {"model_type": "qwen3_moe", "num_hidden_layers": 4, "mlp_only_layers": [0], "decoder_sparse_step": 2},
+    {"model_type": "qwen2_moe", "num_hidden_layers": 4, "mlp_only_layers": [1], "decoder_sparse_step": 1},
+    {"model_type": "deepseek_v3", "num_hidden_layers": 4, "q_lora_rank": None, "first_k_dense_replace": 1},
+    {"model_type": "deepseek_v2", "num_hidden_layers": 4, "num_experts_per_tok": 6, "first_k_dense_replace": 1, "moe_layer_freq": 2},
+    {"model_type": "nemotron_h", "hybrid_override_pattern": "M*-E", "num_hidden_layers": 4, "use_bias": True, "attention_bias": True, "use_conv_bias": False},
+    {"model_type": "falcon_h1", "num_hidden_layers": 2, "mamba_rms_norm": True, "mamba_proj_bias": True, "projectors_bias": True, "attention_bias": True}, {"model_type": "falcon_h1", "num_hidden_layers": 2, "mamba_proj_bias": True},
+    {"model_type": "jamba", "num_hidden_layers": 8, "expert_layer_period": 4, "expert_layer_offset": 3, "mamba_proj_bias": True},
+    {"model_type": "granitemoehybrid", "num_hidden_layers": 4, "layer_types": ["linear_attention", "full_attention"] * 2, "attention_bias": True, "shared_intermediate_size": 0},
+    {"model_type": "mimo_v2_flash", "num_hidden_layers": 7, "attention_bias": True},
+    {"model_type": "gpt_oss", "num_hidden_layers": 2, "tie_word_embeddings": True},
+    {"model_type": "qwen3_next", "num_hidden_layers": 4, "mlp_only_layers": [2]},
+    {"model_type": "minimax", "num_hidden_layers": 4, "head_dim": 64},
+    {"model_type": "mamba2", "num_hidden_layers": 2, "use_bias": True, "use_conv_bias": False},
+]
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")  # Granite without shared MLP
+@pytest.mark.parametrize("config", VARIANTS, ids=lambda c: c["model_type"])
+def test_variant_config_counts_equal_transformers(config):
     assert count_params(with_defaults(config)).total == transformers_count(config)
 
 
@@ -118,8 +149,14 @@ def test_deepseek_v3_active_matches_the_model_card():
 
 
 def test_unsupported_model_type_is_refused_by_name():
-    with pytest.raises(ValueError, match="'gemma4_text' has no parameter-count rule"):
-        count_params(load_config(CONFIGS / "google--gemma-4-26B-A4B_config.json"))
+    with pytest.raises(ValueError, match="'zamba2' has no parameter-count rule"):
+        count_params(with_defaults({"model_type": "zamba2"}))
+
+
+def test_mimo_swa_geometry_transformers_does_not_build_is_refused():
+    config = with_defaults(read_config(CONFIGS / "XiaomiMiMo--MiMo-V2-Flash_config.json"))
+    with pytest.raises(ValueError, match="'swa_num_key_value_heads'=16"):
+        count_params({**config, "swa_num_key_value_heads": 16})
 
 
 def test_missing_field_is_named():
