@@ -81,16 +81,36 @@ def mamba2(c: Config, *, heads: str, head_dim: str, state: str, groups: str = "n
     return n + (h if c.get(out_bias or proj_bias) else 0)
 
 
-def mamba1(c: Config) -> int:
-    """JambaMambaMixer: in_proj (x, z), conv (+bias), x_proj (dt, B, C), dt_proj (+bias), A_log, D, out_proj, dt/B/C norms."""
-    h, expand = need(c, "hidden_size"), need(c, "mamba_expand")
-    d_state, width, rank = need(c, "mamba_d_state"), need(c, "mamba_d_conv"), need(c, "mamba_dt_rank")
-    inner = expand * h
-    bias = bool(c.get("mamba_proj_bias"))
+def mamba1(c: Config, *, jamba: bool) -> int:
+    """MambaMixer / JambaMambaMixer: in_proj (x, z), conv (+bias), x_proj (dt, B, C), dt_proj (+bias), A_log, D,
+    out_proj; Jamba adds RMSNorms on dt, B and C and names its fields mamba_*."""
+    names = (("mamba_expand", "mamba_d_state", "mamba_d_conv", "mamba_dt_rank", "mamba_proj_bias",
+              "mamba_conv_bias") if jamba else
+             ("expand", "state_size", "conv_kernel", "time_step_rank", "use_bias", "use_conv_bias"))
+    h = need(c, "hidden_size")
+    expand, d_state, width, rank = (need(c, k) for k in names[:4])
+    inner = int(expand * h)
+    bias = bool(c.get(names[4]))
     n = h * 2 * inner + (2 * inner if bias else 0)
-    n += inner * width + (inner if c.get("mamba_conv_bias", True) else 0)
+    n += inner * width + (inner if c.get(names[5], True) else 0)
     n += inner * (rank + 2 * d_state) + rank * inner + inner + inner * d_state + inner
-    return n + inner * h + (h if bias else 0) + rank + 2 * d_state
+    return n + inner * h + (h if bias else 0) + (rank + 2 * d_state if jamba else 0)
+
+
+def kda(c: Config) -> int:
+    """KimiLinearDeltaAttention: q/k/v, conv over them (no bias), forget gate (dt_bias, A_log, low-rank f),
+    beta projection, low-rank output gate, output norm, o_proj."""
+    h, heads, d = need(c, "hidden_size"), need(c, "linear_num_heads"), need(c, "linear_head_dim")
+    qkv = heads * d
+    conv = 3 * qkv * need(c, "linear_conv_kernel_dim")
+    gate = qkv + heads + h * d + d * qkv
+    return 3 * h * qkv + conv + gate + h * heads + h * d + d * qkv + d + qkv * h
+
+
+def short_conv(c: Config) -> int:
+    """Lfm2ShortConv: in_proj (B, C, x), depthwise conv over conv_L_cache, out_proj; biases if conv_bias."""
+    h, width, bias = need(c, "hidden_size"), need(c, "conv_L_cache"), bool(c.get("conv_bias"))
+    return 3 * h * h + h * width + h * h + (3 * h + h + h if bias else 0)
 
 
 def gated_deltanet(c: Config) -> int:

@@ -99,6 +99,10 @@ VARIANTS = [
     {"model_type": "qwen3_next", "num_hidden_layers": 4, "mlp_only_layers": [2]},
     {"model_type": "minimax", "num_hidden_layers": 4, "head_dim": 64},
     {"model_type": "mamba2", "num_hidden_layers": 2, "use_bias": True, "use_conv_bias": False},
+    {"model_type": "mamba", "num_hidden_layers": 2, "use_bias": True, "time_step_rank": 32},
+    {"model_type": "lfm2", "num_hidden_layers": 4, "full_attn_idxs": [1, 3], "conv_bias": True},
+    {"model_type": "lfm2", "num_hidden_layers": 2, "full_attn_idxs": [0], "block_auto_adjust_ff_dim": False},
+    {"model_type": "kimi_linear", "num_hidden_layers": 6, "q_lora_rank": 256, "first_k_dense_replace": 2},
 ]
 
 
