@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from unikv.sim.hf_rules import ALIASES, RULES, Context, remap_layer_types
-from unikv.sim.hf_validate import check_fields, check_intervals
+from unikv.sim.hf_validate import check_fields, check_inputs, check_intervals
 
 # The fields unikv reads (the model parser and `params.count_params`): the
 # tests hold these equal to transformers' own config objects.
@@ -144,12 +144,22 @@ def with_defaults(config: Mapping[str, Any], *, source: str = "config") -> dict[
         text = config.get("text_config") or {}
         if not isinstance(text, Mapping):
             raise ValueError(f"{source}: field 'text_config'={text!r} must be a JSON object")
+        _refuse_flat_text_fields(config, text, model_type, source)
         filled = _fill(text, entry["text_config"], source)
         for key in _TOP_LEVEL_KEPT:
             if key in config and key not in filled:
                 filled[key] = config[key]
         return filled
     return _fill(config, ALIASES.get(model_type, model_type), source)
+
+
+def _refuse_flat_text_fields(config: Mapping[str, Any], text: Mapping[str, Any], model_type: str,
+                             source: str) -> None:
+    """A multimodal config's model fields at its top level would be ignored (transformers reads text_config)."""
+    for key in ("num_hidden_layers", "hidden_size", "num_attention_heads"):
+        if key in config and key not in text:
+            raise ValueError(f"{source}: field {key!r} is at the top level of a {model_type!r} config; "
+                             "transformers reads the model from 'text_config' and would ignore it")
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -174,16 +184,26 @@ def _fill(raw: Mapping[str, Any], model_type: str, source: str) -> dict[str, Any
         out.setdefault(aliases.get(key, key), json.loads(json.dumps(value)))  # a fresh copy
     # PreTrainedConfig.__post_init__: `dtype` wins over the legacy `torch_dtype`.
     out["dtype"] = out.get("dtype") if out.get("dtype") is not None else out.get("torch_dtype")
-    check_intervals(out, source)
+    check_inputs(out, entry["defaults"], source)
     context = Context(class_defaults=entry["class_defaults"], given=frozenset(given), source=source)
     for rule in RULES.get(model_type, ()):
-        rule(out, context)
+        _apply(rule, out, context, model_type)
     remap_layer_types(out)
     for alias, real in aliases.items():
         if real in out:
             out[alias] = out[real]
     check_fields(out, source)
     return out
+
+
+def _apply(rule, config: dict[str, Any], context: Context, model_type: str) -> None:
+    """Run one rule; a malformed value the checks let through still becomes one ValueError."""
+    try:
+        rule(config, context)
+    except (TypeError, KeyError, ZeroDivisionError, AttributeError, IndexError) as e:
+        what = (rule.__doc__ or rule.__name__).split(":")[0].strip()
+        raise ValueError(f"{context.source}: {model_type} config is malformed for {what} "
+                         f"({type(e).__name__}: {e})") from None
 
 
 def _require(config: Mapping[str, Any], keys: tuple[str, ...], source: str, model_type) -> None:

@@ -1,10 +1,11 @@
 """Checks of a filled config: which fields are counts, intervals and layer patterns.
 
 A malformed field gets one ValueError naming the config (its file), the
-field, the value and what was expected. `check_intervals` runs before the
-derivation rules (they divide by these fields); `check_fields` runs on the
-filled config. A field that is absent or null is not checked here: the code
-that needs it names it.
+field, the value and what was expected. `check_inputs` runs before the
+derivation rules (they divide by these fields and iterate these lists), on
+the types only; `check_fields` runs on the filled config. A field that is
+absent or null is not checked here (except `REQUIRED`): the code that needs
+it names it.
 """
 
 from __future__ import annotations
@@ -52,11 +53,63 @@ PATTERNS = (
 # Lists of layer indices (0-based).
 INDEX_LISTS = ("moe_layers", "full_attn_idxs", "mlp_only_layers", "hybrid_layer_ids")
 
+# Sizes a class may leave as "auto" until __post_init__ derives them.
+AUTO = ("mamba_d_head", "mamba_dt_rank", "time_step_rank")
+
+# Fields the rules compute with: not null where the class gives them a default.
+REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "qk_nope_head_dim",
+            "qk_rope_head_dim", "mamba_n_heads", "n_mamba_heads", "mamba_expand", "expand",
+            "max_window_layers", "first_k_dense_replace", "head_dim")
+
+# Fractions in (0, 1].
+FRACTIONS = ("partial_rotary_factor",)
+
+# Nested objects the rules read.
+OBJECTS = ("linear_attn_config", "compress_rates")
+
 
 def check_intervals(config: Mapping[str, Any], source: str) -> None:
     """Raise ValueError unless every interval field present is an integer >= 1."""
     for name in INTERVALS:
         _check_int(config, name, 1, source)
+
+
+def check_inputs(config: Mapping[str, Any], defaults: Mapping[str, Any], source: str) -> None:
+    """Before the rules: counts are integers (or "auto" where a class derives them), lists are lists.
+
+    Args:
+        config: the file's fields with the class defaults filled in.
+        defaults: the class's field defaults (a REQUIRED field with a
+            non-null default may not be null).
+        source: how errors name the config.
+    """
+    for name in REQUIRED + INTERVALS:
+        # An interval is never null in transformers (a null one fails there too).
+        if name in config and config[name] is None and (name in INTERVALS or defaults.get(name) is not None):
+            raise ValueError(f"{source}: field {name!r} is null; expected an integer")
+    check_intervals(config, source)
+    for names, minimum in ((POSITIVE, 1), (NON_NEGATIVE, 0)):
+        for name in names:
+            value = config.get(name)
+            if value == "auto" and name in AUTO:
+                continue
+            if name == "intermediate_size" and isinstance(value, list):
+                continue  # Gemma-3n: one per layer, checked with the filled config
+            _check_int(config, name, minimum, source)
+    _check_window(config, source)
+    for name in PATTERNS + INDEX_LISTS:
+        value = config.get(name)
+        if value is not None and not isinstance(value, list) and not (
+                name == "hybrid_override_pattern" and isinstance(value, str)):
+            raise ValueError(f"{source}: field {name!r}={value!r} must be a list with one entry per layer")
+    for name in FRACTIONS:
+        value = config.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 < value <= 1):
+            raise ValueError(f"{source}: field {name!r}={value!r} must be a number in (0, 1]")
+    for name in OBJECTS:
+        if config.get(name) is not None and not isinstance(config[name], Mapping):
+            raise ValueError(f"{source}: field {name!r}={config[name]!r} must be a JSON object")
 
 
 def check_fields(config: Mapping[str, Any], source: str) -> None:
@@ -71,13 +124,18 @@ def check_fields(config: Mapping[str, Any], source: str) -> None:
         _check_int(config, name, 1, source)
     for name in NON_NEGATIVE:
         _check_int(config, name, 0, source)
-    window = config.get("sliding_window")
-    if window is not None and not (window == 0 and config.get("use_sliding_window") is False):
-        _check_value("sliding_window", window, 1, source)  # Qwen2-MoE writes 0 for "off"
+    _check_window(config, source)
     for name in PATTERNS:
         _check_list(config, name, source)
     for name in INDEX_LISTS:
         _check_indices(config, name, source)
+
+
+def _check_window(config: Mapping[str, Any], source: str) -> None:
+    window = config.get("sliding_window")
+    if window is not None and not (window == 0 and config.get("use_sliding_window") is False):
+        _check_value("sliding_window", window, 1, source)  # Qwen2-MoE writes 0 for "off"
+    _check_int(config, "sliding_window_size", 1, source)
 
 
 def _check_int(config: Mapping[str, Any], name: str, minimum: int, source: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from cli_probe import assert_complete_or_absent, assert_refused, run_cli
-from unikv.sim.hf_config import load_config
+from unikv.sim.hf_config import defaults_table, load_config, read_config, with_defaults
 
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256,
          "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 4,
@@ -52,6 +52,8 @@ FILE_CASES = [
     ("not-json", b'{"model_type": "llama",', ["JSON"]),
     ("not-utf8", b'{"model_type": "\xff\xfe"}', ["UTF-8"]),
     ("text-config-not-object", _with({"model_type": "gemma3"}, text_config=[1]), ["text_config"]),
+    ("multimodal-fields-at-top", _with({"model_type": "gemma3"}, num_hidden_layers=48),
+     ["num_hidden_layers", "text_config"]),
 ]
 
 
@@ -101,3 +103,33 @@ def test_cli_refuses_a_malformed_config_naming_file_and_field(tmp_path, case, da
     result = run_cli(["replay", "--model", path, "--out", out, "--quiet"])
     assert_refused(result, str(path), *words)
     assert_complete_or_absent(out)
+
+
+# Values no count, size or list field may hold; each must give a ValueError, never another error.
+_BAD_VALUES = (0, -1, "x", 1.5, True, None, [], {}, [0], "auto")
+_KWARG_FIELDS = ("sliding_window_pattern", "full_attention_interval", "hybrid_override_pattern",
+                 "linear_attn_config", "compress_ratios", "num_experts", "sliding_window_size",
+                 "full_attn_idxs", "tie_embedding", "block_ff_dim", "mamba_n_groups", "attn_type_list")
+_CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
+
+
+def _fuzz_bases():
+    for path in sorted(_CONFIGS.glob("*.json")):
+        yield path.stem, read_config(path)
+    for model_type in sorted(defaults_table()["model_types"]):
+        yield model_type, {"model_type": model_type}
+
+
+@pytest.mark.parametrize(("name", "config"), list(_fuzz_bases()), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_malformed_field_is_a_value_error_never_a_crash(name, config):
+    key = "text_config" if isinstance(config.get("text_config"), dict) else None
+    text = config[key] if key else config
+    entry = defaults_table()["model_types"].get(text.get("model_type", config["model_type"]), {})
+    fields = sorted((set(text) | set(entry.get("defaults", {})) | set(_KWARG_FIELDS)) - {"model_type"})
+    for field in fields:
+        for value in _BAD_VALUES:
+            bad = {**text, field: value}
+            try:
+                with_defaults({**config, key: bad} if key else bad, source="cfg.json")
+            except ValueError as e:
+                assert str(e).startswith("cfg.json: ") and "\n" not in str(e)
