@@ -31,7 +31,7 @@ OUT = Path(__file__).resolve().parents[1] / "sim" / "data" / "hf_defaults.json"
 MODEL_TYPES = (
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
     "gemma2", "gemma3", "gemma3_text", "gemma3n", "gemma3n_text", "gemma4", "gemma4_text",
-    "gpt_oss", "llama4", "llama4_text", "deepseek_v2", "deepseek_v3", "deepseek_v32",
+    "gpt_oss", "llama4", "llama4_text", "deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa",
     "deepseek_v4", "kimi_linear", "zamba2", "lfm2", "lfm2_moe", "mamba", "mamba2",
     "falcon_h1", "jamba", "nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_text",
     "qwen3_5_moe", "qwen3_5_moe_text", "minimax", "granitemoehybrid", "mimo_v2_flash",

@@ -169,6 +169,21 @@ def deepseek_v32_layers(c: Config, x: Context) -> None:
         c["n_routed_experts"] = c["num_experts"]
 
 
+def glm_dsa_layers(c: Config, x: Context) -> None:
+    """GlmMoeDsaConfig.__post_init__: per-layer indexer mode from a pattern or the freq/offset schedule,
+    then as DeepSeek-V3.2 (dense first layers, every layer indexed)."""
+    if c.get("indexer_types") is None:
+        pattern = c.get("index_topk_pattern")
+        if isinstance(pattern, str):
+            c["indexer_types"] = [{"F": "full", "S": "shared"}[ch] for ch in pattern]
+        elif pattern is not None:
+            c["indexer_types"] = list(pattern)
+        else:
+            freq, offset = max(c.get("index_topk_freq", 1), 1), c.get("index_skip_topk_offset", 2)
+            c["indexer_types"] = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(_n(c))]
+    deepseek_v32_layers(c, x)
+
+
 _V4_RATIOS = {0: "sliding_attention", 4: "compressed_sparse_attention",
               128: "heavily_compressed_attention"}
 
@@ -383,6 +398,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "deepseek_v2": (mla_dims, kv_heads),
     "deepseek_v3": (kv_heads, mla_dims),
     "deepseek_v32": (mla_dims, deepseek_v32_layers),
+    "glm_moe_dsa": (mla_dims, glm_dsa_layers),
     "deepseek_v4": (deepseek_v4_layers,),
     "kimi_linear": (kv_heads, mla_dims, kimi_linear_layers),
     "zamba2": (zamba2_dims,),

@@ -122,6 +122,8 @@ _LAYER_TYPES = {
     "indexed_attention": "full", "deepseek_sparse_attention": "full",  # DeepSeek-V3.2 / GLM-5 DSA (MLA)
     "linear_attention": "state", "mamba": "state", "mamba2": "state",
     "conv": "state",  # LFM2 short-conv layers
+    # MLP-only layers (transformers' NemotronHConfig.layer_types from hybrid_override_pattern: "-", "E")
+    "mlp": None, "moe": None,
 }
 _NEMOTRON_H_PATTERN = {"M": "state", "*": "full", "-": None, "E": None}
 _ZAMBA2_BLOCKS = {"hybrid": ("full", "state"), "mamba": ("state",), "linear_attention": ("state",)}

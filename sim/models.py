@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from unikv.sim.hf_config import read_config, with_defaults
 from unikv.sim.model_configs import parse_config
 from unikv.sim.model_spec import (
     KV_CACHE_DTYPES,
@@ -26,6 +27,7 @@ from unikv.sim.model_spec import (
     TokenKind,
     check_kv_cache_dtype,
 )
+from unikv.sim.params import count_params
 
 __all__ = ["KV_CACHE_DTYPES", "STATE_DTYPES", "ModelSpec", "StateKind", "TokenKind", "list_models",
            "load_model", "parse_config"]
@@ -76,10 +78,8 @@ def load_model(name_or_path: str | Path, *, state_dtype: str = "bf16",
     if not isinstance(name_or_path, Path) and key in models:
         return _from_entry(models[key], params.get(key, {}), state_dtype, kv_cache_dtype)
     path = Path(name_or_path)
-    if path.is_file():
-        return _from_config_file(path, state_dtype, kv_cache_dtype)
-    if isinstance(name_or_path, Path) or key.endswith(".json"):
-        raise ValueError(f"no config file at {key!r}")
+    if path.exists() or isinstance(name_or_path, Path) or key.endswith(".json") or "/" in key:
+        return _from_config_file(path, state_dtype, kv_cache_dtype)  # names a missing file itself
     raise ValueError(f"unknown model {key!r}; bundled models are {list_models()} "
                      "(or pass a path to a config.json)")
 
@@ -130,22 +130,57 @@ def _param_sources(params: dict) -> dict[str, str]:
 
 
 def _from_config_file(path: Path, state_dtype: str, kv_cache_dtype: str) -> ModelSpec:
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    """A config.json (or a model folder holding one): read with transformers'
+    defaults (`sim.hf_config`), parsed, and sized by `sim.params` unless the
+    file is a bundled model's source (then params.json's figures, as for the
+    bundled name)."""
+    raw = read_config(path)
+    filled = with_defaults(raw, source=str(path))  # a multimodal config becomes its text config
+    file = path / "config.json" if path.is_dir() else path
     models, params = _bundled()
     # Only a distinctive file name ("<org>--<model>_config.json") identifies a bundled model.
-    known = None if path.name == "config.json" else next(
-        (m["id"] for m in models.values() if f"/{path.name}" in m["sources"].get("config", "")),
+    known = None if file.name == "config.json" else next(
+        (m["id"] for m in models.values() if f"/{file.name}" in m["sources"].get("config", "")),
         None)
-    spec = parse_config(config, name=known or path.stem, state_dtype=state_dtype,
-                        kv_cache_dtype=kv_cache_dtype)
+    name = known or (file.parent.name if file.name == "config.json" else file.stem)
+    spec = parse_config(filled, name=name, state_dtype=state_dtype, kv_cache_dtype=kv_cache_dtype)
     extra = params.get(known, {}) if known else {}
     sizes = {k: v for k, v in _param_fields(extra).items() if v is not None}
+    sources = spec.sources | {"config": str(file)} | _param_sources(extra)
+    if not known:
+        counted, why = _counted_sizes(filled)
+        sizes.update(counted)
+        sources["params"] = why
     if spec.max_context_tokens is not None:
         sizes.pop("max_context_tokens", None)  # the config's own value wins
-    sources = spec.sources | {"config": str(path)} | _param_sources(extra)
-    return dataclasses.replace(spec, sources=sources, **sizes)
+    # the model's own type (e.g. qwen3_5_moe), not its text config's (qwen3_5_moe_text)
+    model_type = raw.get("model_type") if isinstance(raw.get("model_type"), str) else spec.model_type
+    return dataclasses.replace(spec, sources=sources, model_type=model_type, **sizes)
+
+
+# Bytes per parameter of the dtypes a checkpoint declares (`torch_dtype` / `dtype`).
+_PARAM_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def _counted_sizes(filled: dict) -> tuple[dict[str, Any], str]:
+    """ModelSpec size fields from the config itself (`sim.params.count_params`),
+    and where they came from (or why a field is left unknown)."""
+    try:
+        counts = count_params(filled)
+    except ValueError as exc:
+        return {}, f"not counted: {exc}"
+    out: dict[str, Any] = {"params_total": counts.total, "params_active": counts.active}
+    why = "sim.params.count_params of the config (transformers' modules, checked against its meta-device count)"
+    dtype = str(filled.get("torch_dtype") or filled.get("dtype") or "")
+    quant = filled.get("quantization_config")
+    if quant:  # the stored bytes depend on which modules are quantized, and how: not derived
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        return out, f"{why}; weight bytes unknown: quantized checkpoint (quant_method {method!r})"
+    if dtype not in _PARAM_DTYPE_BYTES:
+        return out, f"{why}; weight bytes unknown: torch_dtype {dtype or None!r} is not one of " \
+                    f"{sorted(_PARAM_DTYPE_BYTES)}"
+    out["weight_bytes"] = counts.total * _PARAM_DTYPE_BYTES[dtype]
+    return out, f"{why}; weight bytes = params_total x {_PARAM_DTYPE_BYTES[dtype]} ({dtype})"
+
 
 

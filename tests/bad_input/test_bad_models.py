@@ -18,7 +18,7 @@ def test_unknown_model_lists_the_bundled_ones(tmp_path):
 
 
 def test_missing_config_file(tmp_path):
-    _refused(tmp_path, [tmp_path / "config.json"], "no config file", "config.json")
+    _refused(tmp_path, [tmp_path / "config.json"], "no such file", "config.json")
 
 
 def test_deepseek_v4_is_refused_by_architecture_and_field(tmp_path):

@@ -90,10 +90,7 @@ def test_a_good_config_still_reads(tmp_path):
     assert load_config(_write(tmp_path, _with(LLAMA)))["head_dim"] == 64
 
 
-_WIRED = pytest.mark.xfail(strict=True, reason="wired into load_model at integration")
-_REFUSED_TODAY = {"not-json"}  # sim.models already names the file and "JSON"
-CLI_CASES = [pytest.param(*c, id=c[0], marks=() if c[0] in _REFUSED_TODAY else _WIRED)
-             for c in FIELD_CASES + FILE_CASES]
+CLI_CASES = [pytest.param(*c, id=c[0]) for c in FIELD_CASES + FILE_CASES]
 
 
 @pytest.mark.parametrize(("case", "data", "words"), CLI_CASES)

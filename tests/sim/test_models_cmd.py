@@ -24,8 +24,8 @@ def test_describe_json_of_a_sparse_mla_config(capsys):
              for k in report["token_kinds"]}
     assert kinds == {"mla_latent": (61, 656, "fp8_ds_mla"), "indexer_keys": (61, 132, "fp8_e4m3+fp32_scale")}
     assert report["bands"] == {"full": {"layers": 61, "bytes": 61 * 788, "per": "token"}}
-    assert report["dtypes"]["kv_cache"] == "fp8_e4m3" and report["params"]["total"] is None
-    assert report["applicable_layouts"] == ["static", "end_end", "oracle", "vllm"]
+    assert report["dtypes"]["kv_cache"] == "fp8_e4m3" and report["params"]["total"] == 671_877_929_216
+    assert report["applicable_layouts"] == ["fixed_ratio", "sglang", "end_end", "oracle", "vllm"]
 
 
 def test_describe_text_of_a_bundled_three_band_model(capsys):
@@ -34,7 +34,7 @@ def test_describe_text_of_a_bundled_three_band_model(capsys):
     assert "sliding_window   14 layers x 1,920 B = 26,880 B/token (bf16, band swa, window 1024)" in out
     assert "mamba1           32 layers x (conv 9,600 bf16 + ssm 51,200 fp32) = 7,168,000 B/request" in out
     assert "parameters: 1,520,000,000 total, 1,520,000,000 active" in out
-    assert out.rstrip().endswith("apply: static, end_float_end, oracle")
+    assert out.rstrip().endswith("apply: fixed_ratio, end_float_end, oracle")
 
 
 def test_list_names_every_bundled_model(capsys):
