@@ -19,7 +19,7 @@ from unikv.sim import cost as cost_model
 from unikv.sim.config import TRACE_FIELDS, RunConfig
 from unikv.sim.engine import Simulation
 from unikv.sim.fit import max_request_tokens
-from unikv.sim.layouts import RequestTooLargeError, build_layout, check_fits
+from unikv.sim.layouts import ContextTooLongError, RequestTooLargeError, build_layout, check_fits
 from unikv.sim.memory import Memory
 from unikv.sim.models import load_model
 from unikv.sim.request import Request
@@ -224,6 +224,8 @@ def _request_limit(plan, config: RunConfig, reqs: list[Request]) -> int:
         return max_request_tokens(plan, longest, prefill_chunk_tokens=chunk, compaction=config.compaction)
     try:
         check_fits(plan, longest, prefill_chunk_tokens=chunk, compaction=config.compaction)
+    except ContextTooLongError:
+        raise  # the model's context, not the budget, is the limit (the message says so)
     except RequestTooLargeError as exc:
         limit = max_request_tokens(plan, longest, prefill_chunk_tokens=chunk, compaction=config.compaction)
         too_long = sum(r.prompt_tokens + r.output_tokens > limit for r in reqs)
