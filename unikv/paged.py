@@ -314,6 +314,19 @@ def page_representatives(ids: np.ndarray, start_pos: int, page_size: int) -> np.
     return np.concatenate([ids[:1], ids[page_size - offset::page_size]])
 
 
+def check_ids(ids: np.ndarray, high: int, what: str) -> None:
+    """Every id (int64) in `[0, high)`, else ValueError naming `what` and a
+    few offenders (`ids.check_range`): a few ids on Python ints, more in one
+    reduction (as uint64 a negative id is above every `high`)."""
+    if len(ids) <= SMALL_BATCH:
+        values = ids.tolist()
+        if not values or (min(values) >= 0 and max(values) < high):
+            return
+    elif int(ids.view(np.uint64).max()) < high:
+        return
+    check_range(ids, 0, high, what)
+
+
 def check_run(ids: np.ndarray, start_pos: int, page_size: int) -> None:
     """`ids` are the virtual ids of positions `start_pos, start_pos + 1, ...`
     of one request: the first at its position's slot, consecutive inside a

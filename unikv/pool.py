@@ -447,13 +447,13 @@ class UnifiedPool:
         if write_ids is not None:
             t = as_ids(write_ids, "set_inflight_forward: write_ids")
             n_writes = len(t)
-            check_range(t, 0, self.vids.size * self.page_size, "set_inflight_forward: write_ids")
+            paged.check_ids(t, self.vids.size * self.page_size, "set_inflight_forward: write_ids")
             writes = dict.fromkeys(self.token_names, paged.page_of(t, self.page_size))  # coupled: one array
         for name, ids in (state_write_ids or {}).items():
             self._state_band(name)
             what = f"set_inflight_forward: state ids of {name!r}"
             writes[name] = as_ids(ids, what)
-            check_range(writes[name], 0, self.state_ids[name].size, what)
+            paged.check_ids(writes[name], self.state_ids[name].size, what)
             n_writes += len(writes[name])
         if done_event is None and n_writes:
             raise ValueError(f"set_inflight_forward: done_event=None but the forward writes {n_writes} "
