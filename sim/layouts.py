@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from unikv.sim import sglang
-from unikv.sim.fit import fits_alone
+from unikv.sim.fit import fits_alone, over_context
 from unikv.sim.models import ModelSpec
 from unikv.sim.vllm_rules import VllmGroups, vllm_bands, vllm_groups, vllm_refusal
 
@@ -46,6 +46,11 @@ _GROWS = {1: ("down",), 2: ("up", "down"), 3: ("up", "float", "down")}
 
 class RequestTooLargeError(ValueError):
     """One request of the asked size cannot fit the layout, even alone."""
+
+
+class ContextTooLongError(RequestTooLargeError):
+    """One request is longer than the model's maximum context: no layout
+    and no budget can run it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -383,9 +388,17 @@ def check_fits(plan: LayoutPlan, max_request_tokens: int, *,
     (`worst_case_request_bytes`), which also names the band in the error.
 
     Raises:
+        ContextTooLongError: the request is longer than the model's maximum
+            context (`ModelSpec.max_context_tokens`), naming both.
         RequestTooLargeError: naming the band (static) or the layout, the
             bytes needed and held.
     """
+    model = plan.model
+    if over_context(model, max_request_tokens):
+        raise ContextTooLongError(
+            f"one request of {max_request_tokens} tokens is longer than the maximum context of "
+            f"{model.name!r} ({model.max_context_tokens} tokens), so no layout can run it; clip "
+            "the trace (max_context_tokens) or pass oversize='reject'")
     need = worst_case_request_bytes(plan.model, max_request_tokens, 0, plan.page_size,
                                     prefill_chunk_tokens=prefill_chunk_tokens)
     if "mamba" in need:

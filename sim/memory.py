@@ -17,6 +17,13 @@ from unikv.sim.prefix_cache import Node, PrefixCache
 from unikv.sim.request import Request
 from unikv.sim.vllm_rules import prefix_block_tokens
 
+# Stands in `Request.pages` and a cache node's pages for a page the memory
+# layer no longer holds: the window ratchet released it on the window band,
+# and that band was the page's last binding, so the pool took the id back
+# (`UnifiedPool.release`) and may hand it to another request. 0 is the
+# sink's page, never a live page: translating it reads as unbound.
+GONE = 0
+
 
 def int64_ids(values: list[int]) -> np.ndarray:
     """`values` as a 1-D int64 host array: the pool reads those with no copy
@@ -57,6 +64,10 @@ class Memory:
         self.ps = pool.page_size
         self.window = window_tokens
         self.swa = "swa" in pool.bands and window_tokens is not None
+        # The window band is the only token band (an all-sliding-window
+        # model): a ratchet release drops a page's last binding, so the
+        # released pages become GONE (see GONE).
+        self.release_drops = self.swa and list(pool.token_names) == ["swa"]
         self.state_band = next((b.name for b in pool.layout.state_bands), None)
         block_tokens = prefix_block_tokens(pool, block_tokens)  # vLLM: none for mamba hybrids
         if block_tokens is not None and block_tokens % self.ps:
@@ -100,8 +111,11 @@ class Memory:
         return int64_ids([p * ps for p in pages])
 
     def _free_pages(self, pages: list[int]) -> None:
-        if pages:
-            self.pool.free(self._reps(pages))
+        """Free the pages this layer still holds (never a GONE one: the pool
+        took it back already and may have given it to another request)."""
+        held = [p for p in pages if p != GONE]
+        if held:
+            self.pool.free(self._reps(held))
 
     def bound_pages(self, pages: list[int], band: str) -> int:
         """How many of the virtual `pages` are bound on token band `band`."""
@@ -325,7 +339,8 @@ class Memory:
         have such pages: after a step, the step's prefill requests and,
         of its decoders, those in `window_due` (a decode moves the window
         by one position, so a page leaves it only when `(seq - window)`
-        crosses a page boundary)."""
+        crosses a page boundary). Where the window band is the only token
+        band the released pages become GONE: the pool took their ids back."""
         if not self.swa:
             return 0
         reps = []
@@ -334,6 +349,8 @@ class Memory:
             out = (r.seq - window) // ps
             if out > r.swa_released:
                 reps.extend([p * ps for p in r.pages[r.swa_released:out]])
+                if self.release_drops:
+                    r.pages[r.swa_released:out] = [GONE] * (out - r.swa_released)
                 r.swa_released = out
         if reps:
             self.pool.release(int64_ids(reps), "swa")

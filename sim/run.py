@@ -21,7 +21,7 @@ from unikv.sim.config import TRACE_FIELDS, RunConfig
 from unikv.sim.engine import Simulation
 from unikv.sim.engines import rules as engine_rules
 from unikv.sim.fit import max_request_tokens
-from unikv.sim.layouts import RequestTooLargeError, build_layout, check_fits
+from unikv.sim.layouts import ContextTooLongError, RequestTooLargeError, build_layout, check_fits
 from unikv.sim.memory import Memory
 from unikv.sim.models import load_model
 from unikv.sim.outdir import staged_dir
@@ -259,6 +259,8 @@ def _request_limit(plan, config: RunConfig, reqs: list[Request], slots: int = 1)
         return max_request_tokens(plan, longest, **fit)
     try:
         check_fits(plan, longest, **fit)
+    except ContextTooLongError:
+        raise  # the model's context, not the budget, is the limit (the message says so)
     except RequestTooLargeError as exc:
         limit = max_request_tokens(plan, longest, **fit)
         too_long = sum(r.prompt_tokens + r.output_tokens > limit for r in reqs)

@@ -43,6 +43,18 @@ class Side(enum.Enum):
 
 E = TypeVar("E", bound=enum.Enum)
 
+# The grow chains the bands support, low byte -> high byte. An END band
+# grows from its own buffer end (one up band, first; one down band, last)
+# and a float needs a neighbour on both sides; other chains build pools in
+# which some band can never allocate (`up | up | down`, `up | down | down`).
+SUPPORTED_CHAINS: tuple[tuple[Grow, ...], ...] = (
+    (Grow.UP,), (Grow.DOWN,), (Grow.UP, Grow.DOWN), (Grow.UP, Grow.FLOAT, Grow.DOWN))
+
+
+def supported_chains() -> str:
+    """`SUPPORTED_CHAINS` as text: "up, down, up|down, up|float|down"."""
+    return ", ".join("|".join(g.value for g in chain) for chain in SUPPORTED_CHAINS)
+
 
 def _coerce(enum_cls: type[E], value: E | str, field_name: str) -> E:
     if isinstance(value, enum_cls):
@@ -144,13 +156,15 @@ class Layout:
 
     `bands` may be any sequence of `Band`; the field holds it as a tuple.
 
-    Allowed chains: one band (up or down); `up | down`; `up | float | down`.
+    Supported chains (`SUPPORTED_CHAINS`): one band (up or down); `up |
+    down`; `up | float | down`; each band of either unit.
 
     Raises:
         ValueError: naming the field and the expected value, for a
-            non-positive size, duplicate names, a float at a chain end, a
-            misplaced grow direction, token bands with different page sizes,
-            or a buffer too small for the sink plus one page per band.
+            non-positive size, duplicate names, a chain of grow directions
+            outside `SUPPORTED_CHAINS` (the message lists them), token bands
+            with different page sizes, or a buffer too small for the sink
+            plus one page per band.
     """
 
     total_bytes: int
@@ -181,25 +195,11 @@ class Layout:
 
     @staticmethod
     def _check_chain(bands: Sequence[Band]) -> None:
-        grows = [b.grow for b in bands]
-        for end in {0, len(bands) - 1}:
-            if grows[end] is Grow.FLOAT:
-                raise ValueError(
-                    f"Layout: band {bands[end].name!r} has grow='float' at a chain "
-                    "end; a float band needs a neighbour on both sides"
-                )
-        if len(bands) == 1:
-            return
-        if grows[0] is not Grow.UP or grows[-1] is not Grow.DOWN:
-            raise ValueError(
-                "Layout: bands are listed low byte -> high byte, so the first "
-                f"must grow 'up' and the last 'down'; got {[g.value for g in grows]}"
-            )
-        if len(bands) > 3:
-            raise ValueError(
-                f"Layout: {len(bands)} bands; supported chains are up|down and "
-                "up|float|down"
-            )
+        grows = tuple(b.grow for b in bands)
+        if grows not in SUPPORTED_CHAINS:
+            names = " | ".join(f"{b.name}({b.grow.value})" for b in bands)
+            raise ValueError(f"Layout: bands={names} (low byte -> high byte) is not a supported "
+                             f"chain; supported chains are {supported_chains()}, with any units")
 
     @property
     def sink_bytes(self) -> int:

@@ -300,13 +300,77 @@ def decode_ids_of(last_loc: np.ndarray, opens, new_pages: np.ndarray, page_size:
 
 def page_representatives(ids: np.ndarray, start_pos: int, page_size: int) -> np.ndarray:
     """One id per page of a contiguous run starting at position `start_pos`:
-    the first id, then one every `page_size` from the next page boundary."""
+    the first id, then one every `page_size` from the next page boundary.
+
+    Raises:
+        ValueError: `ids` are not such a run (`check_run`).
+    """
     if page_size == 1 or len(ids) == 0:
-        return ids
+        return ids  # every id is its own page's representative
+    check_run(ids, start_pos, page_size)
     offset = start_pos % page_size
     if offset == 0:
         return ids[::page_size]
     return np.concatenate([ids[:1], ids[page_size - offset::page_size]])
+
+
+def check_ids(ids: np.ndarray, high: int, what: str) -> None:
+    """Every id (int64) in `[0, high)`, else ValueError naming `what` and a
+    few offenders (`ids.check_range`): a few ids on Python ints, more in one
+    reduction (as uint64 a negative id is above every `high`)."""
+    if len(ids) <= SMALL_BATCH:
+        values = ids.tolist()
+        if not values or (min(values) >= 0 and max(values) < high):
+            return
+    elif int(ids.view(np.uint64).max()) < high:
+        return
+    check_range(ids, 0, high, what)
+
+
+def check_run(ids: np.ndarray, start_pos: int, page_size: int) -> None:
+    """`ids` are the virtual ids of positions `start_pos, start_pos + 1, ...`
+    of one request: the first at its position's slot, consecutive inside a
+    page, and a jump only to a page's first slot at a page boundary. Three
+    vector passes over `ids` (a diff, a compare, a nonzero).
+
+    Raises:
+        ValueError: naming the first id off the run (a stride over it would
+            skip pages: only some of them would be released).
+    """
+    offset = start_pos % page_size
+    if len(ids) <= SMALL_BATCH:
+        bad = _first_off_run(ids.tolist(), offset, page_size)
+    else:
+        bad = _first_off_run_vector(ids, offset, page_size)
+    if bad is None:
+        return
+    raise ValueError(f"release: ids are not one contiguous run from start_pos={start_pos}: id "
+                     f"{int(ids[bad])} at index {bad} is not position {start_pos + bad}'s slot "
+                     f"(page_size={page_size}); pass start_pos=None for other ids")
+
+
+def _first_off_run(ids: list[int], offset: int, ps: int) -> int | None:
+    """`check_run` of a few ids on Python ints: the index of the first id
+    off the run, or None."""
+    prev = 0
+    for i, x in enumerate(ids):
+        slot = (offset + i) % ps
+        if x % ps != slot or (i and slot and x != prev + 1):
+            return i
+        prev = x
+    return None
+
+
+def _first_off_run_vector(ids: np.ndarray, offset: int, ps: int) -> int | None:
+    """`_first_off_run` in vector passes: a jump (a step other than +1) may
+    only land on a page's first slot at a position's page boundary."""
+    if int(ids[0]) % ps != offset:
+        return 0
+    jumps = np.flatnonzero(np.diff(ids) != 1) + 1
+    if len(jumps) == 0:
+        return None
+    off = ((jumps + offset) % ps != 0) | (slot_of(ids[jumps], ps) != 0)
+    return int(jumps[np.argmax(off)]) if off.any() else None
 
 
 def translate(ids: np.ndarray, v2p: np.ndarray, page_size: int, multiplier: int = 1) -> np.ndarray:

@@ -320,7 +320,13 @@ class UnifiedPool:
         Pages already released on `band` and the sink page are skipped.
         `start_pos`: the prefix position of `ids[0]` when `ids` is one
         request's contiguous ascending run; page representatives then come
-        from stride arithmetic instead of a dedup. Returns page moves.
+        from stride arithmetic instead of a dedup (the run is checked: a few
+        vector passes over `ids`). Returns page moves.
+
+        Raises:
+            ValueError (state unchanged): an unknown or state band, ids out
+                of range or on pages not allocated, ids that are not the
+                contiguous run `start_pos` claims (`paged.check_run`).
         """
         target = self._token_bands.get(band) if isinstance(band, str) else None
         if target is None:
@@ -427,14 +433,32 @@ class UnifiedPool:
         """Declare the forward just launched: its done event, the virtual
         token ids it writes on the token bands, and per state band the slot
         ids it writes. Moves stop at (or settle) those pages; vacated pages
-        wait for the event before reuse."""
+        wait for the event before reuse. `done_event=None` with no writes:
+        no forward in flight.
+
+        Raises:
+            ValueError (state unchanged): writes without a done event (the
+                hazards could never be tracked), ids outside the token or
+                state id space, an unknown or token band in
+                `state_write_ids`. Checks read only the call's own ids.
+        """
         writes: dict[str, np.ndarray] = {}
+        n_writes = 0
         if write_ids is not None:
-            pages = paged.page_of(as_ids(write_ids, "set_inflight_forward: write_ids"), self.page_size)
-            writes = dict.fromkeys(self.token_names, pages)  # one array: the writes are coupled
+            t = as_ids(write_ids, "set_inflight_forward: write_ids")
+            n_writes = len(t)
+            paged.check_ids(t, self.vids.size * self.page_size, "set_inflight_forward: write_ids")
+            writes = dict.fromkeys(self.token_names, paged.page_of(t, self.page_size))  # coupled: one array
         for name, ids in (state_write_ids or {}).items():
             self._state_band(name)
-            writes[name] = as_ids(ids, f"set_inflight_forward: state ids of {name!r}")
+            what = f"set_inflight_forward: state ids of {name!r}"
+            writes[name] = as_ids(ids, what)
+            paged.check_ids(writes[name], self.state_ids[name].size, what)
+            n_writes += len(writes[name])
+        if done_event is None and n_writes:
+            raise ValueError(f"set_inflight_forward: done_event=None but the forward writes {n_writes} "
+                             "ids; pass its done event "
+                             "(without one the pool cannot protect the pages it writes)")
         self.hazards.set_forward(done_event, writes)
 
     # -- maintenance --
@@ -442,7 +466,10 @@ class UnifiedPool:
     def flush(self, urgent: bool = False) -> int:
         """Flush every band (floats absorb, lazy END bands compact); returns
         page moves. The float keeps holes whose absorption would lower
-        `available_size()` (`policy.absorb_keeps_room`)."""
+        `available_size()` (`policy.absorb_keeps_room`). ValueError for an
+        `urgent` that is not a bool."""
+        if not isinstance(urgent, (bool, np.bool_)):
+            raise ValueError(f"flush: urgent={urgent!r} must be a bool")
         chain, order = self.chain, self.token_order
         f = chain.float_index()
         moves = chain.flush_bands(chain.non_float_indices(), urgent)

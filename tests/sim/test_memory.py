@@ -2,6 +2,7 @@
 forward's declaration and flush, samples, checks; and that it never evicts
 on its own (the scheduler's shortfall path does)."""
 
+import pytest
 from unikv.sim.memory import Memory, int64_ids
 from unikv.sim.request import Request
 
@@ -72,3 +73,47 @@ def test_verify_catches_a_page_freed_behind_the_memory_layers_back():
     assert mem.verify([r]) == []
     mem.pool.free(int64_ids(r.pages[-1:]))  # page_size 1: page = token id
     assert any("pool live pages" in p for p in mem.verify([r]))
+
+
+def window_only_memory(pages=24, block=None):
+    """Memory over a pool whose only token band is the window band (an
+    all-sliding-window model): page_size 2, window 4 tokens."""
+    band = Band("swa", entry_bytes=100, grow="down", page_size=2)
+    pool = UnifiedPool(Layout(total_bytes=200 + 200 * pages, bands=[band]), backend=SimBackend())
+    return Memory(pool, window_tokens=4, block_tokens=block)
+
+
+@pytest.mark.parametrize("end", ["finish", "retract"])
+def test_a_window_only_request_never_frees_the_pages_the_ratchet_gave_back(end):
+    mem = window_only_memory()
+    (a,) = held(mem, 10)
+    released = a.pages[:3]
+    assert mem.ratchet([a]) == 3  # positions 0..5 left the window: their pages' last binding
+    (b,) = held(mem, 4)
+    assert set(b.pages) <= set(released)  # b took ids the pool got back from a
+    assert mem.verify([a, b]) == []
+    if end == "finish":
+        mem.finish(a, 1.0)
+    else:
+        mem.retract(a, 1.0)
+    assert mem.verify([b]) == []
+    assert sorted(mem.pool.live_ids().tolist()) == sorted(b.pages)
+    mem.finish(b, 2.0)
+    assert mem.verify([]) == [] and len(mem.pool.live_ids()) == 0
+
+
+def test_window_only_cached_prefixes_hold_only_the_pages_still_bound():
+    mem = window_only_memory(block=2)
+    (a,) = held(mem, 8)
+    a.hashes = (1, 2, 3, 4)
+    mem.ratchet([a])  # the first two pages leave the window: the pool takes them back
+    mem.finish(a, 1.0)  # four cached blocks, the first two holding nothing
+    assert mem.verify([]) == []
+    c = Request(1, 2.0, 9, 1, (1, 2, 3, 4))
+    mem.take_hit(c, 2.0)  # the last window before the cut is still bound: a hit
+    assert c.hit_tokens == 8 and mem.extend(c, 1)
+    assert mem.verify([c]) == []
+    mem.finish(c, 3.0)
+    while mem.evict_some():
+        assert mem.verify([]) == []
+    assert len(mem.pool.live_ids()) == 0 and mem.pool.verify() == []

@@ -74,7 +74,8 @@ def read(pool, ids: torch.Tensor, band: str) -> torch.Tensor:
 
 def snapshot(pool) -> dict:
     """Everything a rejected call must leave unchanged."""
-    out = {"occ": pool.occupancy(), "avail": pool.available_size(), "free": pool.vids.free.copy()}
+    out = {"occ": pool.occupancy(), "avail": pool.available_size(), "free": pool.vids.free.copy(),
+           "forward": (id(pool.hazards.event), {k: w.tolist() for k, w in pool.hazards.writes.items()})}
     for name, b in pool.bands.items():
         out[name] = (b.v2p.copy(), b.p2v.copy())
     if pool.buffer is not None:

@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from unikv import paged
 from unikv.kernels import reference
@@ -65,9 +67,50 @@ def test_page_and_slot_of_equal_division_on_every_page_size(ps):
 
 
 def test_page_representatives_of_a_mid_page_run():
-    ids = np.arange(103, 140)  # positions 3.. of a run on page size 16
+    ids = np.arange(99, 136)  # positions 3.. of a run on page size 16 (99 = 6 * 16 + 3)
     reps = paged.page_representatives(ids, 3, 16)
     assert (reps // 16).tolist() == sorted(set((ids // 16).tolist()))
+
+
+def test_a_run_across_pages_may_jump_between_pages_at_their_boundaries():
+    ids = np.concatenate([np.arange(5 * 16 + 14, 6 * 16), np.arange(2 * 16, 2 * 16 + 5)])
+    assert paged.page_representatives(ids, 14, 16).tolist() == [94, 32]
+
+
+def _is_run(ids: list[int], start_pos: int, ps: int) -> bool:
+    """The run contract spelled out: each id at its position's slot, +1
+    inside a page."""
+    return all(x % ps == (start_pos + i) % ps and (i == 0 or (start_pos + i) % ps == 0 or x == ids[i - 1] + 1)
+               for i, x in enumerate(ids))
+
+
+@settings(max_examples=300)
+@given(ps=st.sampled_from([2, 3, 4, 16]), start_pos=st.integers(0, 40), n=st.integers(1, 60),
+       data=st.data())
+def test_check_run_accepts_exactly_the_runs_and_their_strides_cover_every_page(ps, start_pos, n, data):
+    positions = range(start_pos, start_pos + n)
+    page_of_pos = {p // ps: data.draw(st.integers(1, 50)) for p in positions}
+    ids = [page_of_pos[p // ps] * ps + p % ps for p in positions]
+    if data.draw(st.booleans(), label="perturb"):
+        i = data.draw(st.integers(0, n - 1), label="at")
+        ids[i] = data.draw(st.integers(0, 50 * ps), label="to")
+    arr = np.array(ids, dtype=np.int64)
+    if _is_run(ids, start_pos, ps):
+        reps = paged.page_representatives(arr, start_pos, ps)
+        assert sorted(set((reps // ps).tolist())) == sorted({x // ps for x in ids})
+    else:
+        with pytest.raises(ValueError, match="not one contiguous run"):
+            paged.page_representatives(arr, start_pos, ps)
+
+
+@pytest.mark.parametrize("ids, start_pos, where", [
+    (np.arange(15, 33), 0, "id 15 at index 0"),  # a stride from slot 15 skips page 2 (id 32)
+    (np.array([32, 49]), 0, "id 49 at index 1"),  # position 1 on another page than position 0
+    (np.array([32, 33, 35]), 0, "id 35 at index 2"),  # a gap inside the page
+])
+def test_page_representatives_refuse_ids_that_are_not_the_run_claimed(ids, start_pos, where):
+    with pytest.raises(ValueError, match=f"not one contiguous run from start_pos={start_pos}: {where}"):
+        paged.page_representatives(ids, start_pos, 16)
 
 
 def _outcome(fn):

@@ -167,6 +167,14 @@ BAD_CALLS = [
     (lambda p, v: p.alloc_extend([3], [4], [50]), "not on allocated pages"),
     (lambda p, v: p.alloc_decode([0], [0]), ">= 1"),
     (lambda p, v: p.make_room("left", 10), "'low' or 'high'"),
+    # Issue 14 item 11: preconditions that used to pass silently.
+    (lambda p, v: p.release([v[0], v[3]], "swa", start_pos=0), "not one contiguous run from start_pos=0"),
+    (lambda p, v: p.release(v[1:], "swa", start_pos=0), "index 0 is not position 0's slot"),
+    (lambda p, v: p.set_inflight_forward(None, v[:2]), "done_event=None but the forward writes 2 ids"),
+    (lambda p, v: p.set_inflight_forward(None, None, {"mamba": [1]}), "done_event=None"),
+    (lambda p, v: p.set_inflight_forward(SimEvent(), [10**9]), "write_ids: ids \\[1000000000\\] are outside"),
+    (lambda p, v: p.set_inflight_forward(SimEvent(), v[:2], {"mamba": [10**6]}), "state ids of 'mamba'.*outside"),
+    (lambda p, v: p.flush(urgent="yes"), "urgent='yes' must be a bool"),
     (lambda p, v: UnifiedPool(three_band(), compaction="sometimes"), "'lazy' or 'eager'"),
 ]
 
@@ -179,6 +187,7 @@ def test_bad_input_raises_and_leaves_state_unchanged(call, needle):
     p.free(v[6:])
     fill(p, v[:6], "swa", 9)
     v = v[:6]
+    p.set_inflight_forward(SimEvent(), v[4:], {"mamba": [1]})  # a forward in flight: kept as it is
     before = snapshot(p)
     with pytest.raises(ValueError, match=needle):
         call(p, v)

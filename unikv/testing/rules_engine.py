@@ -276,12 +276,30 @@ class EngineRules:
         if tails:
             toks = self.model.reqs[tails[0]].tokens  # last_loc one slot past the prefix end
             calls.append(lambda: pool.alloc_extend([len(toks)], [len(toks) + 1], [toks[-1] + 1]))
+        return calls + self._bad_forward_and_release_calls()
+
+    def _bad_forward_and_release_calls(self) -> list[Callable[[], object]]:
+        """Writes without a done event or out of range; a `start_pos` run
+        that is not one (issue 14 item 11); a flush with a non-bool mode."""
+        pool, ps = self.pool, self.ps
+        calls: list[Callable[[], object]] = [partial(pool.flush, urgent="yes")]  # type: ignore[arg-type]
+        live = sorted(self.model.pages)
+        if self.token_bands:
+            calls.append(partial(pool.set_inflight_forward, None, [v * ps for v in live[:1]] or [0]))
+            calls.append(partial(pool.set_inflight_forward, object(), [pool.vids.size * ps]))
+        for band in self.state_bands:
+            calls.append(partial(pool.set_inflight_forward, object(), None, {band: [self.sizes[band]]}))
+        if ps > 1 and len(live) >= 2 and self.token_bands:
+            # Position 1 claimed on another page than position 0: a stride would skip it.
+            run = [live[0] * ps, live[1] * ps + 1]
+            calls.append(partial(pool.release, run, band=self.token_bands[0], start_pos=0))
         return calls
 
     def _snapshot(self) -> dict[str, Any]:
         p = self.pool
         out = {"occ": p.occupancy(), "avail": checks.capacity_views(p), "free": host_ids(p.vids.free).tolist(),
-               "stats": {k: v for k, v in p.stats().items() if k != "bands"}}
+               "stats": {k: v for k, v in p.stats().items() if k != "bands"},
+               "forward": (id(p.hazards.event), {k: w.tolist() for k, w in p.hazards.writes.items()})}
         for name, b in p.bands.items():
             out[name] = (host_ids(b.v2p).tolist(), host_ids(b.p2v).tolist())
         if p.buffer is not None:
