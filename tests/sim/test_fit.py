@@ -40,7 +40,7 @@ def extends(monkeypatch):
 @settings(max_examples=300)
 @given(window=st.integers(1, 300), page_size=st.sampled_from([1, 2, 3, 4, 16]),
        chunk=st.integers(1, 96), chunks=st.integers(0, 40), extra=st.integers(0, 95),
-       budget_pages=st.integers(2, 60), kind=st.sampled_from(["static", "end_end", "oracle"]),
+       budget_pages=st.integers(2, 60), kind=st.sampled_from(["fixed_ratio", "end_end", "oracle"]),
        compaction=st.sampled_from(["lazy", "eager"]), state=st.booleans())
 def test_the_early_stop_answers_as_the_full_walk(window, page_size, chunk, chunks, extra, budget_pages,
                                                  kind, compaction, state):
@@ -64,7 +64,7 @@ def test_the_walk_stops_after_one_period_past_the_window(extends):
     assert fits_alone(plan, 10**6, prefill_chunk_tokens=24) and len(extends) == 7
 
 
-@pytest.mark.parametrize("layout", ["static", "end_end", "oracle"])
+@pytest.mark.parametrize("layout", ["fixed_ratio", "end_end", "oracle"])
 def test_a_trillion_tokens_on_a_window_only_model_is_answered_fast(layout):
     model = load_model("mistral-7b-v0.1")
     plan = build_layout(model, kv_budget_gib=8.0, page_size=16, kind=layout)

@@ -135,7 +135,9 @@ def test_derivation_without_triton_takes_the_fastest_and_refuses_what_it_cannot_
 # -- nothing in the packages reads the repository at run time --------------------------
 
 # A path into results/ or ../shared built from string literals, in any package module.
-REPO_READ = re.compile(r"""["'](\.\./)?(results|shared)["'/]|parents\[\d+\]\s*/\s*["'](results|shared)""")
+# (a bare "shared" or "results" string is a value, e.g. GLM-5's "shared" indexer layers)
+REPO_READ = re.compile(r"""["']\.\./(results|shared)["'/]|["'](results|shared)/|parents\[\d+\]\s*/\s*["'](results|shared)"""
+                       r"""|/\s*["'](results|shared)["']""")
 HELP_TEXT = re.compile(r"""help=|default=Path\(["']results/""")  # where outputs go, or a user's example
 
 

@@ -28,9 +28,6 @@ WINDOW_ONLY = [(m, kind) for m, kind in CASES  # sglang stores Mistral's window 
                if load_model(m).swa_layers and not load_model(m).full_layers and kind != "sglang"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14 item 1 (relengine): on a window-only model, finishing "
-                   "a request frees pages the window ratchet already released ('free: virtual pages "
-                   "... are not allocated')")
 @pytest.mark.parametrize("model, layout", WINDOW_ONLY, ids=[f"{m}-{k}" for m, k in WINDOW_ONLY])
 def test_window_only_models_replay_requests_longer_than_the_window(model, layout):
     window = load_model(model).window_tokens
