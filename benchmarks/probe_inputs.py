@@ -66,7 +66,7 @@ class Probe:
 # -- catalog ------------------------------------------------------------------
 
 def _replay(*args: str, out: bool = True) -> tuple[str, ...]:
-    return ("replay", *args, *FAST, *(("--out", "{dir}/run") if out else ()))
+    return ("replay", *FAST, *args, *(("--out", "{dir}/run") if out else ()))  # the probe's flags win
 
 
 def _json(obj) -> bytes:
@@ -137,7 +137,8 @@ def output_probes() -> list[Probe]:
 
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
          "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-         "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 131072}
+         "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 131072,
+         "torch_dtype": "bfloat16"}
 
 
 def config_probes() -> list[Probe]:
@@ -160,7 +161,7 @@ def config_probes() -> list[Probe]:
         "window zero": (with_(model_type="mistral", sliding_window=0), ("sliding_window",)),
         "qwen3-next interval zero": (_json({**LLAMA, "model_type": "qwen3_next",
                                             "full_attention_interval": 0}), ("full_attention_interval",)),
-        "unknown model_type": (with_(model_type="warpnet", architectures=["WarpForCausalLM"]), ()),
+        "unknown model_type": (with_(model_type="warpnet", architectures=["WarpForCausalLM"]), ("warpnet",)),
     }
     probes = [Probe("configs", name, "refuse", _replay("--model", "{dir}/config.json"), words or ("config",),
                     files={"config.json": data}) for name, (data, words) in bad.items()]

@@ -234,8 +234,9 @@ def step_time_s(model: ModelSpec, hw: HardwareSpec, *, prefill_tokens: int, deco
 def _model_figure(model: ModelSpec, name: str, override: int | None) -> float:
     value = getattr(model, name) if override is None else override
     if value is None or isinstance(value, bool) or not value > 0:
-        raise ValueError(f"model {model.name!r} has {name}={value!r}; pass {name}=... "
-                         "(or load a bundled model that has it)")
+        why = model.sources.get("params")  # how load_model sized a config file, or why it could not
+        raise ValueError(f"model {model.name!r} has {name}={value!r}" + (f" ({why})" if why else "")
+                         + f"; pass {name}=... (or load a bundled model that has it)")
     return value
 
 

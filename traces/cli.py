@@ -68,6 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         df = _load(args)
+        if df.empty:  # nothing to describe or convert: say so, as `unikv replay` does
+            raise TraceFormatError(f"trace {args.file!r} holds no request (no data row, or every row "
+                                   "was dropped)")
         if args.command == "describe":
             summary = summarize(df)
             print(json.dumps(summary, indent=1) if args.json else format_summary(summary, title=args.file))

@@ -103,6 +103,10 @@ def test_a_header_only_trace_holds_no_request(tmp_path):
     res, out = _replay(path, tmp_path)
     assert_refused(res, "header.csv", "holds no request")
     assert_complete_or_absent(out)
+    for command in ("describe", "convert"):  # nothing to describe or convert either
+        extra = [str(tmp_path / "out.jsonl")] if command == "convert" else []
+        assert_refused(run_cli(["traces", command, path, *extra]), "header.csv", "holds no request")
+    assert not (tmp_path / "out.jsonl").exists()
 
 
 @pytest.mark.parametrize("value, words", [
