@@ -174,7 +174,9 @@ def _counted_sizes(filled: dict) -> tuple[dict[str, Any], str]:
     dtype = str(filled.get("torch_dtype") or filled.get("dtype") or "")
     quant = filled.get("quantization_config")
     if dtype not in _PARAM_DTYPE_BYTES:
-        return out, f"{why}; weight bytes unknown: torch_dtype {dtype or None!r} is not one of " \
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        what = f"quantized checkpoint (quant_method {method!r}) without a" if quant else "the"
+        return out, f"{why}; weight bytes unknown: {what} torch_dtype {dtype or None!r} is not one of " \
                     f"{sorted(_PARAM_DTYPE_BYTES)}"
     if quant:
         weight, how = _quantized_weight_bytes(counts, quant, _PARAM_DTYPE_BYTES[dtype])
