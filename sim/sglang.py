@@ -17,9 +17,7 @@ sglang"). Two parts:
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from unikv.sim.model_spec import band_view
 from unikv.sim.models import ModelSpec
@@ -55,25 +53,6 @@ MAMBA_ARCHS = frozenset({
     "Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration",
     "Qwen3_5MoeForConditionalGeneration", "KimiLinearForCausalLM", "Lfm2ForCausalLM",
 })
-# The bundled models' `architectures[0]` (from the config.json each was read
-# from; sim/data/models.json gives the repositories).
-BUNDLED_ARCHITECTURES = {
-    "llama-3.1-8b": "LlamaForCausalLM", "llama-3.1-70b": "LlamaForCausalLM",
-    "gemma-2-9b": "Gemma2ForCausalLM", "gemma-2-27b": "Gemma2ForCausalLM",
-    "gemma-3-12b": "Gemma3ForConditionalGeneration",
-    "gemma-3-27b": "Gemma3ForConditionalGeneration",
-    "gpt-oss-20b": "GptOssForCausalLM", "gpt-oss-120b": "GptOssForCausalLM",
-    "mistral-7b-v0.1": "MistralForCausalLM", "ministral-8b-instruct-2410": "MistralForCausalLM",
-    "llama-4-scout-17b-16e": "Llama4ForConditionalGeneration",
-    "qwen3-next-80b-a3b": "Qwen3NextForCausalLM",
-    "qwen3.5-397b-a17b": "Qwen3_5MoeForConditionalGeneration",
-    "minimax-text-01": "MiniMaxText01ForCausalLM", "jamba-1.5-mini": "JambaForCausalLM",
-    "nemotron-h-8b": "NemotronHForCausalLM", "nemotron-h-56b": "NemotronHForCausalLM",
-    "nemotron-3-nano-30b-a3b": "NemotronHForCausalLM", "falcon-h1-7b": "FalconH1ForCausalLM",
-    "granite-4.0-h-small": "GraniteMoeHybridForCausalLM",
-    "gemma-4-26b-a4b": "Gemma4ForConditionalGeneration",
-    "mimo-v2-flash": "MiMoV2FlashForCausalLM", "hymba-1.5b-base": "HymbaForCausalLM",
-}
 MAMBA_STRATEGIES = ("no_buffer", "extra_buffer", "extra_buffer_lazy")
 
 
@@ -174,19 +153,15 @@ def pool_sizes(*, rest_bytes: int, full_token_bytes: int, swa_token_bytes: int =
 
 
 def architecture(model: ModelSpec) -> str:
-    """The model's Hugging Face architecture: the bundled table, or
-    `architectures[0]` of the config.json it was read from.
+    """The model's Hugging Face architecture (`ModelSpec.architecture`: the
+    bundled entry's, or `architectures[0]` of the config.json it was read
+    from).
 
     Raises:
-        ValueError: neither names one.
+        ValueError: the model names none.
     """
-    if model.name in BUNDLED_ARCHITECTURES:
-        return BUNDLED_ARCHITECTURES[model.name]
-    path = model.sources.get("config")
-    if path and Path(path).is_file():
-        archs = json.loads(Path(path).read_text()).get("architectures") or []
-        if archs:
-            return str(archs[0])
+    if model.architecture:
+        return model.architecture
     raise ValueError(f"model {model.name!r}: no architecture known (a bundled name or a "
                      "config.json with 'architectures' is needed for the sglang layout)")
 
