@@ -39,15 +39,19 @@ def gqa(c: Config, *, qkv_bias: bool = False, o_bias: bool = False, qk_norm: boo
     return n + (2 * d if qk_norm else 0)
 
 
-def mla(c: Config) -> int:
-    """DeepseekV3Attention: low-rank q (q_a, norm, q_b) or full q, joint kv_a (+rope), kv norm, kv_b, o."""
+def mla(c: Config, *, bias: bool = False) -> int:
+    """DeepseekV3Attention: low-rank q (q_a, norm, q_b) or full q, joint kv_a (+rope), kv norm, kv_b, o.
+
+    `bias`: q_a, kv_a and o carry biases (GlmMoeDsaAttention's attention_bias).
+    """
     h, heads = need(c, "hidden_size"), need(c, "num_attention_heads")
     nope, rope, v = need(c, "qk_nope_head_dim"), need(c, "qk_rope_head_dim"), need(c, "v_head_dim")
     kv_rank, q_rank = need(c, "kv_lora_rank"), c.get("q_lora_rank")
     qk = nope + rope
     q = h * heads * qk if q_rank is None else h * q_rank + q_rank + q_rank * heads * qk
     kv = h * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v)
-    return q + kv + heads * v * h
+    biases = q_rank + kv_rank + rope + h if bias else 0
+    return q + kv + heads * v * h + biases
 
 
 def dsa_indexer(c: Config) -> int:

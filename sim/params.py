@@ -4,7 +4,7 @@
 `<X>ForCausalLM` builds for that config (the modules of
 `transformers/models/<x>/modeling_<x>.py`, transformers 5.24.0): embeddings
 (tied or not), attention (GQA with its biases and q/k norms, MLA with its
-low-rank projections and norms, the DSA indexer), dense MLPs (gated or not),
+low-rank projections and norms, the DSA indexer, GLM-5's shared-indexer layers), dense MLPs (gated or not),
 MoE routers, routed and shared experts, Mamba-1 / Mamba-2, gated-DeltaNet,
 KDA, lightning and short-conv blocks (`params_hybrid`), and the norms. `active` counts only `num_experts_per_tok` of the
 routed experts of each MoE layer (shared experts and routers always run).
@@ -89,6 +89,23 @@ def _deepseek(c: Config, t: Tally) -> None:
         moe_mlp(c, t, inter=inter, experts=need(c, "n_routed_experts"),
                  shared_inter=inter * (c.get("n_shared_experts") or 0))
     decoder(c, t, lambda i: mla(c) + (dsa_indexer(c) if indexer else 0), mlp)
+
+
+def _glm_moe_dsa(c: Config, t: Tally) -> None:
+    """GlmMoeDsaDecoderLayer (transformers models/glm_moe_dsa/modeling_glm_moe_dsa.py): GlmMoeDsaAttention is
+    MLA (q_a, kv_a and o biased by attention_bias) with a GlmMoeDsaIndexer only where indexer_types says
+    "full" ("shared" layers reuse the previous top-k); GlmMoeDsaMoE (router, experts, shared experts of
+    moe_intermediate_size x n_shared_experts) where mlp_layer_types says "sparse", else a dense MLP."""
+    h, indexers, mlps = need(c, "hidden_size"), need(c, "indexer_types"), need(c, "mlp_layer_types")
+    bias = bool(c.get("attention_bias"))
+
+    def mlp(i: int) -> None:
+        if mlps[i] != "sparse":
+            return t.add("mlp", gated_mlp(h, need(c, "intermediate_size")))
+        inter = need(c, "moe_intermediate_size")
+        moe_mlp(c, t, inter=inter, experts=need(c, "n_routed_experts"),
+                 shared_inter=inter * need(c, "n_shared_experts"))
+    decoder(c, t, lambda i: mla(c, bias=bias) + (dsa_indexer(c) if indexers[i] == "full" else 0), mlp)
 
 
 def _llama4(c: Config, t: Tally) -> None:
@@ -188,6 +205,7 @@ _FAMILIES: dict[str, Callable[[Config, Tally], None]] = {
     "qwen2_moe": lambda c, t: _qwen_moe(c, t, qk_norm=False, qkv_bias=True, shared=True),
     "qwen3_moe": lambda c, t: _qwen_moe(c, t, qk_norm=True, qkv_bias=False, shared=False),
     "deepseek_v2": _deepseek, "deepseek_v3": _deepseek, "deepseek_v32": _deepseek,
+    "glm_moe_dsa": _glm_moe_dsa,
     "llama4_text": _llama4, "mimo_v2_flash": _mimo_v2, "gemma4_text": _gemma4,
     **HYBRID_FAMILIES,
 }

@@ -19,7 +19,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 SHALLOW_LAYERS = 8  # deep enough for every layer kind of the bundled patterns (dense-first, 1-in-4 full)
 _PER_LAYER = ("layer_types", "mlp_layer_types", "no_rope_layers", "layers_block_type", "attn_type_list",
               "hybrid_layer_pattern", "moe_layer_freq",
-              "hybrid_override_pattern")
+              "hybrid_override_pattern", "indexer_types")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -103,6 +103,9 @@ VARIANTS = [
     {"model_type": "lfm2", "num_hidden_layers": 4, "full_attn_idxs": [1, 3], "conv_bias": True},
     {"model_type": "lfm2", "num_hidden_layers": 2, "full_attn_idxs": [0], "block_auto_adjust_ff_dim": False},
     {"model_type": "kimi_linear", "num_hidden_layers": 6, "q_lora_rank": 256, "first_k_dense_replace": 2},
+    {"model_type": "glm_moe_dsa", "num_hidden_layers": 6, "attention_bias": True, "index_topk_freq": 2,
+     "index_skip_topk_offset": 1, "n_shared_experts": 2, "first_k_dense_replace": 1},
+    {"model_type": "glm_moe_dsa", "num_hidden_layers": 4, "index_topk_pattern": "FSFS", "tie_word_embeddings": True},
 ]
 
 
@@ -150,6 +153,25 @@ def test_deepseek_v3_active_matches_the_model_card():
     assert counts.active == 3 * dense + 58 * moe + 2 * vocab * h + h
     assert 37.0 <= counts.active / 1e9 < 38.0
     assert round(counts.total / 1e9) == 671
+
+
+def test_glm5_total_and_active_match_the_model_card():
+    # Model card (zai-org/GLM-5): 744B parameters, 40B active. By hand: 3 dense layers and 75 MoE
+    # layers of 8 routed + 1 shared expert (3 x 6144 x 2048 each) and a 256-way router; MLA with
+    # a DSA indexer in every layer. The active count less the input embedding (a lookup) is 40.8B,
+    # which the card gives as 40B. GLM-5.2 builds no indexer in its 57 "shared" layers.
+    h, vocab, q_rank, heads, idx_heads, idx_dim = 6144, 154880, 2048, 64, 32, 128
+    mla = (h * q_rank + q_rank + q_rank * heads * 256 + h * (512 + 64) + 512 + 512 * heads * (192 + 256)
+           + heads * 256 * h)
+    indexer = q_rank * idx_heads * idx_dim + h * idx_dim + 2 * idx_dim + h * idx_heads
+    expert = 3 * h * 2048
+    dense = mla + indexer + 3 * h * 12288 + 2 * h
+    moe = mla + indexer + 9 * expert + 256 * h + 2 * h
+    glm5 = count_params(load_config(CONFIGS / "zai-org--GLM-5_config.json"))
+    assert glm5.active == 3 * dense + 75 * moe + 2 * vocab * h + h
+    assert round(glm5.total / 1e9) == 744 and int((glm5.active - vocab * h) / 1e9) == 40
+    glm52 = count_params(load_config(CONFIGS / "zai-org--GLM-5.2_config.json"))
+    assert glm5.total - glm52.total == 57 * indexer
 
 
 def test_unsupported_model_type_is_refused_by_name():
