@@ -85,6 +85,18 @@ def mamba2(c: Config, *, heads: str, head_dim: str, state: str, groups: str = "n
     return n + (h if c.get(out_bias or proj_bias) else 0)
 
 
+def zamba2_mamba(c: Config) -> int:
+    """Zamba2MambaMixer: Mamba-2 over int(mamba_expand x hidden) channels; the conv always has a bias
+    (use_conv_bias is not read), in_proj and out_proj biases by add_bias_linear."""
+    h, heads, d_state = need(c, "hidden_size"), need(c, "n_mamba_heads"), need(c, "mamba_d_state")
+    inner = int(need(c, "mamba_expand") * h)
+    conv_dim = inner + 2 * need(c, "mamba_ngroups") * d_state
+    bias = bool(c.get("add_bias_linear"))
+    projection = inner + conv_dim + heads
+    n = h * projection + conv_dim * need(c, "mamba_d_conv") + conv_dim + 3 * heads + inner + inner * h
+    return n + (projection + h if bias else 0)
+
+
 def mamba1(c: Config, *, jamba: bool) -> int:
     """MambaMixer / JambaMambaMixer: in_proj (x, z), conv (+bias), x_proj (dt, B, C), dt_proj (+bias), A_log, D,
     out_proj; Jamba adds RMSNorms on dt, B and C and names its fields mamba_*."""

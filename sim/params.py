@@ -6,7 +6,8 @@
 (tied or not), attention (GQA with its biases and q/k norms, MLA with its
 low-rank projections and norms, the DSA indexer, GLM-5's shared-indexer layers), dense MLPs (gated or not),
 MoE routers, routed and shared experts, Mamba-1 / Mamba-2, gated-DeltaNet,
-KDA, lightning and short-conv blocks (`params_hybrid`), and the norms. `active` counts only `num_experts_per_tok` of the
+KDA, lightning and short-conv blocks, Zamba2's shared transformer blocks
+(`params_hybrid`), and the norms. `active` counts only `num_experts_per_tok` of the
 routed experts of each MoE layer (shared experts and routers always run).
 A model_type without a rule here is refused by name.
 """

@@ -68,8 +68,10 @@ def test_bundled_config_counts_equal_transformers(path):
     assert 0 < ours.active <= ours.total
 
 
-# Bare class defaults; DeepSeek-V2's default leaves top-k unset, so give it one.
-_EXTRA = {"deepseek_v2": {"num_experts_per_tok": 6}}
+# Bare class defaults; DeepSeek-V2's default leaves top-k unset, so give it one; LFM2-MoE's has no
+# layer_types (transformers cannot build it), so give it a conv / attention pattern.
+_EXTRA = {"deepseek_v2": {"num_experts_per_tok": 6},
+          "lfm2_moe": {"num_hidden_layers": 8, "layer_types": ["conv", "conv", "full_attention", "conv"] * 2}}
 
 
 @pytest.mark.parametrize("model_type", SUPPORTED_MODEL_TYPES)
@@ -105,6 +107,16 @@ VARIANTS = [
     {"model_type": "kimi_linear", "num_hidden_layers": 6, "q_lora_rank": 256, "first_k_dense_replace": 2},
     {"model_type": "glm_moe_dsa", "num_hidden_layers": 6, "attention_bias": True, "index_topk_freq": 2,
      "index_skip_topk_offset": 1, "n_shared_experts": 2, "first_k_dense_replace": 1},
+    {"model_type": "zamba2", "num_hidden_layers": 7, "layers_block_type": ["mamba", "hybrid", "hybrid", "mamba",
+     "hybrid", "hybrid", "hybrid"], "num_mem_blocks": 2, "use_shared_attention_adapter": True,
+     "add_bias_linear": True, "num_key_value_heads": 8},
+    {"model_type": "zamba2", "num_hidden_layers": 4, "layers_block_type": ["mamba", "hybrid"] * 2, "num_mem_blocks": 3,
+     "n_mamba_heads": 6, "mamba_ngroups": 2, "use_conv_bias": False, "tie_word_embeddings": False,
+     "adapter_rank": 16},  # 3 blocks for 2 applications; 6 heads do not divide the 5120 channels
+    {"model_type": "lfm2_moe", "num_hidden_layers": 5, "num_dense_layers": 1, "conv_bias": True,
+     "tie_word_embeddings": False, "layer_types": ["conv", "full_attention", "conv", "conv", "full_attention"]},
+    {"model_type": "lfm2_moe", "num_hidden_layers": 3, "layer_types": ["full_attention", "conv", "full_attention"],
+     "num_dense_layers": 0, "tie_embedding": False, "num_key_value_heads": 4},
     {"model_type": "glm_moe_dsa", "num_hidden_layers": 4, "index_topk_pattern": "FSFS", "tie_word_embeddings": True},
 ]
 
@@ -175,8 +187,14 @@ def test_glm5_total_and_active_match_the_model_card():
 
 
 def test_unsupported_model_type_is_refused_by_name():
-    with pytest.raises(ValueError, match="'zamba2' has no parameter-count rule"):
-        count_params(with_defaults({"model_type": "zamba2"}))
+    with pytest.raises(ValueError, match="'deepseek_v4' has no parameter-count rule"):
+        count_params(with_defaults({"model_type": "deepseek_v4"}))
+
+
+def test_lfm2_moe_without_layer_types_is_refused_naming_the_field():
+    # Lfm2MoeConfig has no default pattern; transformers' Lfm2MoeDecoderLayer cannot be built either.
+    with pytest.raises(ValueError, match="'layer_types'"):
+        count_params(with_defaults({"model_type": "lfm2_moe"}))
 
 
 def test_mimo_swa_geometry_transformers_does_not_build_is_refused():
