@@ -113,6 +113,10 @@ VARIANTS = [
     {"model_type": "zamba2", "num_hidden_layers": 4, "layers_block_type": ["mamba", "hybrid"] * 2, "num_mem_blocks": 3,
      "n_mamba_heads": 6, "mamba_ngroups": 2, "use_conv_bias": False, "tie_word_embeddings": False,
      "adapter_rank": 16},  # 3 blocks for 2 applications; 6 heads do not divide the 5120 channels
+    {"model_type": "gemma3n", "text_config": {"num_hidden_layers": 10, "num_kv_shared_layers": 4,
+     "attention_bias": True, "intermediate_size": [64, 128] * 5, "altup_num_inputs": 3, "tie_word_embeddings": False}},
+    {"model_type": "gemma3n_text", "num_hidden_layers": 6, "num_kv_shared_layers": 0, "laurel_rank": 8,
+     "hidden_size_per_layer_input": 32},
     {"model_type": "lfm2_moe", "num_hidden_layers": 5, "num_dense_layers": 1, "conv_bias": True,
      "tie_word_embeddings": False, "layer_types": ["conv", "full_attention", "conv", "conv", "full_attention"]},
     {"model_type": "lfm2_moe", "num_hidden_layers": 3, "layer_types": ["full_attention", "conv", "full_attention"],
@@ -189,6 +193,12 @@ def test_glm5_total_and_active_match_the_model_card():
 def test_unsupported_model_type_is_refused_by_name():
     with pytest.raises(ValueError, match="'deepseek_v4' has no parameter-count rule"):
         count_params(with_defaults({"model_type": "deepseek_v4"}))
+
+
+def test_gemma3n_kv_sharing_without_a_producer_is_refused():
+    # 8 layers, 15 KV-shared: no earlier layer computes the KV (Gemma3nTextConfig.kv_sharing_modes raises too).
+    with pytest.raises(ValueError, match="num_kv_shared_layers=15"):
+        count_params(with_defaults({"model_type": "gemma3n_text", "num_hidden_layers": 8}))
 
 
 def test_lfm2_moe_without_layer_types_is_refused_naming_the_field():
