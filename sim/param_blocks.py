@@ -42,7 +42,8 @@ def gqa(c: Config, *, qkv_bias: bool = False, o_bias: bool = False, qk_norm: boo
 def mla(c: Config, *, bias: bool = False) -> int:
     """DeepseekV3Attention: low-rank q (q_a, norm, q_b) or full q, joint kv_a (+rope), kv norm, kv_b, o.
 
-    `bias`: q_a, kv_a and o carry biases (GlmMoeDsaAttention's attention_bias).
+    `bias`: q_a (when low-rank), kv_a and o carry biases (attention_bias of DeepseekV2/V3/V32Attention and
+    GlmMoeDsaAttention; a full-rank q_proj has none).
     """
     h, heads = need(c, "hidden_size"), need(c, "num_attention_heads")
     nope, rope, v = need(c, "qk_nope_head_dim"), need(c, "qk_rope_head_dim"), need(c, "v_head_dim")
@@ -50,7 +51,7 @@ def mla(c: Config, *, bias: bool = False) -> int:
     qk = nope + rope
     q = h * heads * qk if q_rank is None else h * q_rank + q_rank + q_rank * heads * qk
     kv = h * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v)
-    biases = q_rank + kv_rank + rope + h if bias else 0
+    biases = (q_rank or 0) + kv_rank + rope + h if bias else 0
     return q + kv + heads * v * h + biases
 
 

@@ -79,18 +79,22 @@ def _gpt_oss(c: Config, t: Tally) -> None:
 
 def _deepseek(c: Config, t: Tally) -> None:
     """DeepseekV2/V3 DecoderLayer: MLA; dense MLPs before first_k_dense_replace, MoE after (moe_layer_freq is
-    not read); V3.2: MoE where mlp_layer_types says "sparse", and the DSA indexer in every layer."""
+    not read); V3.2: MoE where mlp_layer_types says "sparse", and the DSA indexer in every layer. Biases:
+    attention_bias on q_a / kv_a / o; mlp_bias on V2's dense MLPs and shared experts only (DeepseekV2MLP)."""
     h, first = need(c, "hidden_size"), c.get("first_k_dense_replace") or 0
     indexer = c.get("model_type") == "deepseek_v32"
     sparse = c.get("mlp_layer_types") if indexer else None
+    mlp_bias = c.get("model_type") == "deepseek_v2" and bool(c.get("mlp_bias"))
 
     def mlp(i: int) -> None:
         if (sparse[i] != "sparse") if sparse is not None else i < first:
-            return t.add("mlp", gated_mlp(h, need(c, "intermediate_size")))
+            return t.add("mlp", gated_mlp(h, need(c, "intermediate_size"), mlp_bias))
         inter = need(c, "moe_intermediate_size")
-        moe_mlp(c, t, inter=inter, experts=need(c, "n_routed_experts"),
-                 shared_inter=inter * (c.get("n_shared_experts") or 0))
-    decoder(c, t, lambda i: mla(c) + (dsa_indexer(c) if indexer else 0), mlp)
+        shared = inter * (c.get("n_shared_experts") or 0)
+        moe_mlp(c, t, inter=inter, experts=need(c, "n_routed_experts"), shared_inter=shared)
+        t.add("mlp", 2 * shared + h if mlp_bias and shared else 0)
+    bias = bool(c.get("attention_bias"))
+    decoder(c, t, lambda i: mla(c, bias=bias) + (dsa_indexer(c) if indexer else 0), mlp)
 
 
 def _glm_moe_dsa(c: Config, t: Tally) -> None:
