@@ -39,15 +39,20 @@ def gqa(c: Config, *, qkv_bias: bool = False, o_bias: bool = False, qk_norm: boo
     return n + (2 * d if qk_norm else 0)
 
 
-def mla(c: Config) -> int:
-    """DeepseekV3Attention: low-rank q (q_a, norm, q_b) or full q, joint kv_a (+rope), kv norm, kv_b, o."""
+def mla(c: Config, *, bias: bool = False) -> int:
+    """DeepseekV3Attention: low-rank q (q_a, norm, q_b) or full q, joint kv_a (+rope), kv norm, kv_b, o.
+
+    `bias`: q_a (when low-rank), kv_a and o carry biases (attention_bias of DeepseekV2/V3/V32Attention and
+    GlmMoeDsaAttention; a full-rank q_proj has none).
+    """
     h, heads = need(c, "hidden_size"), need(c, "num_attention_heads")
     nope, rope, v = need(c, "qk_nope_head_dim"), need(c, "qk_rope_head_dim"), need(c, "v_head_dim")
     kv_rank, q_rank = need(c, "kv_lora_rank"), c.get("q_lora_rank")
     qk = nope + rope
     q = h * heads * qk if q_rank is None else h * q_rank + q_rank + q_rank * heads * qk
     kv = h * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v)
-    return q + kv + heads * v * h
+    biases = (q_rank or 0) + kv_rank + rope + h if bias else 0
+    return q + kv + heads * v * h + biases
 
 
 def dsa_indexer(c: Config) -> int:
@@ -79,6 +84,18 @@ def mamba2(c: Config, *, heads: str, head_dim: str, state: str, groups: str = "n
     n += conv_dim * width + (conv_dim if c.get(conv_bias, True) else 0)
     n += 3 * n_heads + (inner if norm else 0) + inner * h
     return n + (h if c.get(out_bias or proj_bias) else 0)
+
+
+def zamba2_mamba(c: Config) -> int:
+    """Zamba2MambaMixer: Mamba-2 over int(mamba_expand x hidden) channels; the conv always has a bias
+    (use_conv_bias is not read), in_proj and out_proj biases by add_bias_linear."""
+    h, heads, d_state = need(c, "hidden_size"), need(c, "n_mamba_heads"), need(c, "mamba_d_state")
+    inner = int(need(c, "mamba_expand") * h)
+    conv_dim = inner + 2 * need(c, "mamba_ngroups") * d_state
+    bias = bool(c.get("add_bias_linear"))
+    projection = inner + conv_dim + heads
+    n = h * projection + conv_dim * need(c, "mamba_d_conv") + conv_dim + 3 * heads + inner + inner * h
+    return n + (projection + h if bias else 0)
 
 
 def mamba1(c: Config, *, jamba: bool) -> int:

@@ -4,9 +4,11 @@
 `<X>ForCausalLM` builds for that config (the modules of
 `transformers/models/<x>/modeling_<x>.py`, transformers 5.24.0): embeddings
 (tied or not), attention (GQA with its biases and q/k norms, MLA with its
-low-rank projections and norms, the DSA indexer), dense MLPs (gated or not),
+low-rank projections and norms, the DSA indexer, GLM-5's shared-indexer layers), dense MLPs (gated or not),
 MoE routers, routed and shared experts, Mamba-1 / Mamba-2, gated-DeltaNet,
-KDA, lightning and short-conv blocks (`params_hybrid`), and the norms. `active` counts only `num_experts_per_tok` of the
+KDA, lightning and short-conv blocks, Gemma-3n's AltUp / Laurel / per-layer
+inputs, Zamba2's shared transformer blocks
+(`params_hybrid`), and the norms. `active` counts only `num_experts_per_tok` of the
 routed experts of each MoE layer (shared experts and routers always run).
 A model_type without a rule here is refused by name.
 """
@@ -77,18 +79,39 @@ def _gpt_oss(c: Config, t: Tally) -> None:
 
 def _deepseek(c: Config, t: Tally) -> None:
     """DeepseekV2/V3 DecoderLayer: MLA; dense MLPs before first_k_dense_replace, MoE after (moe_layer_freq is
-    not read); V3.2: MoE where mlp_layer_types says "sparse", and the DSA indexer in every layer."""
+    not read); V3.2: MoE where mlp_layer_types says "sparse", and the DSA indexer in every layer. Biases:
+    attention_bias on q_a / kv_a / o; mlp_bias on V2's dense MLPs and shared experts only (DeepseekV2MLP)."""
     h, first = need(c, "hidden_size"), c.get("first_k_dense_replace") or 0
     indexer = c.get("model_type") == "deepseek_v32"
     sparse = c.get("mlp_layer_types") if indexer else None
+    mlp_bias = c.get("model_type") == "deepseek_v2" and bool(c.get("mlp_bias"))
 
     def mlp(i: int) -> None:
         if (sparse[i] != "sparse") if sparse is not None else i < first:
+            return t.add("mlp", gated_mlp(h, need(c, "intermediate_size"), mlp_bias))
+        inter = need(c, "moe_intermediate_size")
+        shared = inter * (c.get("n_shared_experts") or 0)
+        moe_mlp(c, t, inter=inter, experts=need(c, "n_routed_experts"), shared_inter=shared)
+        t.add("mlp", 2 * shared + h if mlp_bias and shared else 0)
+    bias = bool(c.get("attention_bias"))
+    decoder(c, t, lambda i: mla(c, bias=bias) + (dsa_indexer(c) if indexer else 0), mlp)
+
+
+def _glm_moe_dsa(c: Config, t: Tally) -> None:
+    """GlmMoeDsaDecoderLayer (transformers models/glm_moe_dsa/modeling_glm_moe_dsa.py): GlmMoeDsaAttention is
+    MLA (q_a, kv_a and o biased by attention_bias) with a GlmMoeDsaIndexer only where indexer_types says
+    "full" ("shared" layers reuse the previous top-k); GlmMoeDsaMoE (router, experts, shared experts of
+    moe_intermediate_size x n_shared_experts) where mlp_layer_types says "sparse", else a dense MLP."""
+    h, indexers, mlps = need(c, "hidden_size"), need(c, "indexer_types"), need(c, "mlp_layer_types")
+    bias = bool(c.get("attention_bias"))
+
+    def mlp(i: int) -> None:
+        if mlps[i] != "sparse":
             return t.add("mlp", gated_mlp(h, need(c, "intermediate_size")))
         inter = need(c, "moe_intermediate_size")
         moe_mlp(c, t, inter=inter, experts=need(c, "n_routed_experts"),
-                 shared_inter=inter * (c.get("n_shared_experts") or 0))
-    decoder(c, t, lambda i: mla(c) + (dsa_indexer(c) if indexer else 0), mlp)
+                 shared_inter=inter * need(c, "n_shared_experts"))
+    decoder(c, t, lambda i: mla(c, bias=bias) + (dsa_indexer(c) if indexers[i] == "full" else 0), mlp)
 
 
 def _llama4(c: Config, t: Tally) -> None:
@@ -180,6 +203,46 @@ def _gemma4(c: Config, t: Tally) -> None:
         t.add("norms", per_layer)
 
 
+def _gemma3n_layer(c: Config, t: Tally, i: int, reuse: bool) -> None:
+    """Gemma3nTextDecoderLayer: attention (q/k norms; no k/v, k_norm in KV-shared layers; v_norm has no
+    weight), a gated MLP of intermediate_size[i], 4 norms, AltUp (output scale, correction and prediction
+    coefficients, router and its norm), Laurel (low-rank left/right, norm), the per-layer input gate,
+    projection and norm."""
+    h, heads, d = need(c, "hidden_size"), need(c, "num_attention_heads"), need(c, "head_dim")
+    kv, bias = need(c, "num_key_value_heads"), bool(c.get("attention_bias"))
+    n = 2 * h * heads * d + d + (heads * d + h if bias else 0)  # q, o, q_norm
+    if not reuse:
+        n += 2 * kv * d * (h + (1 if bias else 0)) + d  # k, v, k_norm
+    t.add("attention", n)
+    t.add("mlp", gated_mlp(h, need(c, "intermediate_size")[i]))
+    alt, rank, per_layer = need(c, "altup_num_inputs"), need(c, "laurel_rank"), need(c, "hidden_size_per_layer_input")
+    t.add("mlp", alt * alt + alt * alt ** 2 + h * alt + 2 * h * rank + 2 * h * per_layer)
+    t.add("norms", 4 * h + h + h + h + h)  # the 4, AltUp's output scale and router norm, Laurel's, per-layer input's
+
+
+def _gemma3n(c: Config, t: Tally) -> None:
+    """Gemma3nTextModel (transformers models/gemma3n/modeling_gemma3n.py): the layers (the last
+    num_kv_shared_layers reuse KV: Gemma3nTextConfig.kv_sharing_modes), per-layer embeddings
+    (vocab_size_per_layer_input x layers x hidden_size_per_layer_input), their projection from hidden
+    and norm, and altup_num_inputs - 1 AltUp projections and unembedding projections.
+
+    Raises:
+        ValueError: KV-shared layers of a layer type no earlier layer computes (transformers refuses too).
+    """
+    h, n, types = need(c, "hidden_size"), need(c, "num_hidden_layers"), need(c, "layer_types")
+    shared = c.get("num_kv_shared_layers") or 0
+    first_shared = n - shared if shared else n
+    if set(types[:first_shared]) != set(types):
+        raise ValueError(f"count_params: gemma3n_text num_kv_shared_layers={shared} leaves a layer type "
+                         f"({sorted(set(types) - set(types[:first_shared]))}) without a layer computing its KV")
+    for i in range(n):
+        _gemma3n_layer(c, t, i, reuse=i >= first_shared)
+    per_layer = need(c, "hidden_size_per_layer_input")
+    t.add("embedding", need(c, "vocab_size_per_layer_input") * n * per_layer)
+    t.add("mlp", h * n * per_layer + 2 * (need(c, "altup_num_inputs") - 1) * h * h)
+    t.add("norms", per_layer)
+
+
 _FAMILIES: dict[str, Callable[[Config, Tally], None]] = {
     "llama": _llama, "mistral": _llama, "qwen2": _qwen2, "qwen3": _qwen3,
     "gemma2": lambda c, t: _gemma(c, t, qk_norm=False),
@@ -188,7 +251,9 @@ _FAMILIES: dict[str, Callable[[Config, Tally], None]] = {
     "qwen2_moe": lambda c, t: _qwen_moe(c, t, qk_norm=False, qkv_bias=True, shared=True),
     "qwen3_moe": lambda c, t: _qwen_moe(c, t, qk_norm=True, qkv_bias=False, shared=False),
     "deepseek_v2": _deepseek, "deepseek_v3": _deepseek, "deepseek_v32": _deepseek,
+    "glm_moe_dsa": _glm_moe_dsa,
     "llama4_text": _llama4, "mimo_v2_flash": _mimo_v2, "gemma4_text": _gemma4,
+    "gemma3n_text": _gemma3n,
     **HYBRID_FAMILIES,
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILIES))

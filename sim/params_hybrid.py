@@ -1,4 +1,5 @@
-"""Parameter counts of the hybrid and recurrent families (Mamba, gated DeltaNet, lightning, KDA, short conv).
+"""Parameter counts of the hybrid and recurrent families (Mamba, gated DeltaNet, lightning, KDA, short conv,
+Zamba2's shared transformer blocks).
 
 Each function adds one model's layers to a `Tally`, as its
 `transformers/models/<x>/modeling_<x>.py` decoder layer builds them.
@@ -20,6 +21,7 @@ from unikv.sim.param_blocks import (
     mla,
     need,
     short_conv,
+    zamba2_mamba,
 )
 from unikv.sim.param_layers import Tally, decoder, dense, layers, moe_every, moe_mlp
 
@@ -189,9 +191,64 @@ def _lfm2(c: Config, t: Tally) -> None:
     decoder(c, t, mixer, lambda i: t.add("mlp", gated_mlp(h, _lfm2_ff_dim(c))))
 
 
+def _lfm2_moe(c: Config, t: Tally) -> None:
+    """Lfm2MoeDecoderLayer (transformers models/lfm2_moe/modeling_lfm2_moe.py): attention (q/k layernorms)
+    unless layer_types says "conv" (Lfm2MoeShortConv; no default pattern: a config without layer_types
+    is refused, as transformers cannot build it); Lfm2MoeMLP of intermediate_size in the first num_dense_layers,
+    else Lfm2MoeSparseMoeBlock (router without bias: the expert bias is a buffer; routed experts)."""
+    h, types, first_moe = need(c, "hidden_size"), need(c, "layer_types"), need(c, "num_dense_layers")
+
+    def mixer(i: int) -> int:
+        if types[i] != "conv":
+            return gqa(c, qk_norm=True)
+        t.add("recurrent", short_conv(c))
+        return 0
+
+    def mlp(i: int) -> None:
+        if i < first_moe:
+            return t.add("mlp", gated_mlp(h, need(c, "intermediate_size")))
+        moe_mlp(c, t, inter=need(c, "moe_intermediate_size"), experts=need(c, "num_experts"))
+    decoder(c, t, mixer, mlp)
+
+
+def _zamba2_shared_block(c: Config, t: Tally, adapters: int) -> None:
+    """One Zamba2AttentionDecoderLayer: attention from 2 x hidden (q/k/v/o, no biases), a gelu-gated MLP
+    (fused gate_up, biases by add_bias_linear), its 2 norms, and `adapters` applications' low-rank
+    adapters: on gate_up always, on q/k/v when use_shared_attention_adapter."""
+    h, heads, inter, rank = (need(c, k) for k in ("hidden_size", "num_attention_heads", "intermediate_size",
+                                                  "adapter_rank"))
+    wide, d, kv = need(c, "attention_hidden_size"), need(c, "attention_head_dim"), need(c, "num_key_value_heads")
+    t.add("attention", wide * heads * d + 2 * wide * kv * d + heads * d * h)
+    if c.get("use_shared_attention_adapter"):
+        t.add("attention", adapters * 3 * 2 * wide * rank)
+    bias = 2 * inter + h if c.get("add_bias_linear") else 0
+    t.add("mlp", 3 * h * inter + bias + adapters * (h * rank + rank * 2 * inter))
+    t.add("norms", wide + h)
+
+
+def _zamba2(c: Config, t: Tally) -> None:
+    """Zamba2Model.get_layers (transformers models/zamba2/modeling_zamba2.py): every layer a
+    Zamba2MambaDecoderLayer (mixer + norm); a "hybrid" layer adds its own hidden x hidden linear and
+    applies a shared transformer block; the first num_mem_blocks hybrid layers build the blocks, later
+    ones are tied to them (block hybrid_index % num_mem_blocks), each block holding the adapters of
+    the applications it serves."""
+    h, kinds = need(c, "hidden_size"), need(c, "layers_block_type")
+    for kind in kinds:
+        t.add("norms", h)
+        t.add("recurrent", zamba2_mamba(c))
+        if kind == "hybrid":
+            t.add("attention", h * h)
+        elif kind != "linear_attention":
+            raise ValueError(f"count_params: zamba2 layer kind {kind!r} is not supported")
+    applications, blocks = kinds.count("hybrid"), need(c, "num_mem_blocks")
+    for block in range(min(blocks, applications)):
+        _zamba2_shared_block(c, t, adapters=len(range(block, applications, blocks)))
+
+
 HYBRID_FAMILIES: dict[str, Callable[[Config, Tally], None]] = {
     "qwen3_next": _qwen3_next, "qwen3_5_moe_text": _qwen3_next, "qwen3_5_text": _qwen3_5_dense,
     "minimax": _minimax, "nemotron_h": _nemotron_h, "mamba": _mamba1_model, "mamba2": _mamba2_model,
     "jamba": _jamba, "falcon_h1": _falcon_h1, "granitemoehybrid": _granite_hybrid,
-    "kimi_linear": _kimi_linear, "lfm2": _lfm2,
+    "kimi_linear": _kimi_linear, "lfm2": _lfm2, "zamba2": _zamba2,
+    "lfm2_moe": _lfm2_moe,
 }

@@ -10,8 +10,6 @@ from unikv.sim.run import run
 
 CONFIGS = sorted((Path(__file__).parents[1] / "data" / "configs").glob("*_config.json"))
 REFUSED = {"deepseek-ai--DeepSeek-V4-Flash_config.json": ("DeepseekV4ForCausalLM", "compress_ratios")}
-# The cost model needs the parameter and weight counts: GLM-5's glm_moe_dsa has no counting rule yet.
-UNSIZED = {"zai-org--GLM-5_config.json", "zai-org--GLM-5.2_config.json"}
 SLICE = dict(trace="azure_conv", max_requests=12, max_context_tokens=256, rate_scale=20.0,
              kv_budget_gib=4.0, check_every=1)
 
@@ -26,10 +24,6 @@ def test_a_config_path_replays_or_is_refused_by_name(path):
     model = load_model(path)
     layout = "end_float_end" if "end_float_end" in applicable_kinds(model) else "end_end"
     config = RunConfig(model=str(path), layout=layout, **SLICE)
-    if path.name in UNSIZED:
-        with pytest.raises(ValueError, match="glm_moe_dsa"):  # names why it has no size
-            run(config)
-        return
     result = run(config)
     assert result.violations == [] and result.summary["finished"] == SLICE["max_requests"]
 

@@ -19,7 +19,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 SHALLOW_LAYERS = 8  # deep enough for every layer kind of the bundled patterns (dense-first, 1-in-4 full)
 _PER_LAYER = ("layer_types", "mlp_layer_types", "no_rope_layers", "layers_block_type", "attn_type_list",
               "hybrid_layer_pattern", "moe_layer_freq",
-              "hybrid_override_pattern")
+              "hybrid_override_pattern", "indexer_types")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -68,8 +68,10 @@ def test_bundled_config_counts_equal_transformers(path):
     assert 0 < ours.active <= ours.total
 
 
-# Bare class defaults; DeepSeek-V2's default leaves top-k unset, so give it one.
-_EXTRA = {"deepseek_v2": {"num_experts_per_tok": 6}}
+# Bare class defaults; DeepSeek-V2's default leaves top-k unset, so give it one; LFM2-MoE's has no
+# layer_types (transformers cannot build it), so give it a conv / attention pattern.
+_EXTRA = {"deepseek_v2": {"num_experts_per_tok": 6},
+          "lfm2_moe": {"num_hidden_layers": 8, "layer_types": ["conv", "conv", "full_attention", "conv"] * 2}}
 
 
 @pytest.mark.parametrize("model_type", SUPPORTED_MODEL_TYPES)
@@ -89,6 +91,12 @@ VARIANTS = [
     {"model_type": "qwen3_moe", "num_hidden_layers": 4, "mlp_only_layers": [0], "decoder_sparse_step": 2},
     {"model_type": "qwen2_moe", "num_hidden_layers": 4, "mlp_only_layers": [1], "decoder_sparse_step": 1},
     {"model_type": "deepseek_v3", "num_hidden_layers": 4, "q_lora_rank": None, "first_k_dense_replace": 1},
+    {"model_type": "deepseek_v3", "num_hidden_layers": 2, "attention_bias": True},
+    {"model_type": "deepseek_v2", "num_hidden_layers": 2, "num_experts_per_tok": 6, "attention_bias": True,
+     "q_lora_rank": None},
+    {"model_type": "deepseek_v2", "num_hidden_layers": 3, "num_experts_per_tok": 6, "mlp_bias": True,
+     "first_k_dense_replace": 1},
+    {"model_type": "deepseek_v3", "num_hidden_layers": 2, "mlp_bias": True, "first_k_dense_replace": 1},
     {"model_type": "deepseek_v2", "num_hidden_layers": 4, "num_experts_per_tok": 6, "first_k_dense_replace": 1, "moe_layer_freq": 2},
     {"model_type": "nemotron_h", "hybrid_override_pattern": "M*-E", "num_hidden_layers": 4, "use_bias": True, "attention_bias": True, "use_conv_bias": False},
     {"model_type": "falcon_h1", "num_hidden_layers": 2, "mamba_rms_norm": True, "mamba_proj_bias": True, "projectors_bias": True, "attention_bias": True}, {"model_type": "falcon_h1", "num_hidden_layers": 2, "mamba_proj_bias": True},
@@ -103,6 +111,23 @@ VARIANTS = [
     {"model_type": "lfm2", "num_hidden_layers": 4, "full_attn_idxs": [1, 3], "conv_bias": True},
     {"model_type": "lfm2", "num_hidden_layers": 2, "full_attn_idxs": [0], "block_auto_adjust_ff_dim": False},
     {"model_type": "kimi_linear", "num_hidden_layers": 6, "q_lora_rank": 256, "first_k_dense_replace": 2},
+    {"model_type": "glm_moe_dsa", "num_hidden_layers": 6, "attention_bias": True, "index_topk_freq": 2,
+     "index_skip_topk_offset": 1, "n_shared_experts": 2, "first_k_dense_replace": 1},
+    {"model_type": "zamba2", "num_hidden_layers": 7, "layers_block_type": ["mamba", "hybrid", "hybrid", "mamba",
+     "hybrid", "hybrid", "hybrid"], "num_mem_blocks": 2, "use_shared_attention_adapter": True,
+     "add_bias_linear": True, "num_key_value_heads": 8},
+    {"model_type": "zamba2", "num_hidden_layers": 4, "layers_block_type": ["mamba", "hybrid"] * 2, "num_mem_blocks": 3,
+     "n_mamba_heads": 6, "mamba_ngroups": 2, "use_conv_bias": False, "tie_word_embeddings": False,
+     "adapter_rank": 16},  # 3 blocks for 2 applications; 6 heads do not divide the 5120 channels
+    {"model_type": "gemma3n", "text_config": {"num_hidden_layers": 10, "num_kv_shared_layers": 4,
+     "attention_bias": True, "intermediate_size": [64, 128] * 5, "altup_num_inputs": 3, "tie_word_embeddings": False}},
+    {"model_type": "gemma3n_text", "num_hidden_layers": 6, "num_kv_shared_layers": 0, "laurel_rank": 8,
+     "hidden_size_per_layer_input": 32},
+    {"model_type": "lfm2_moe", "num_hidden_layers": 5, "num_dense_layers": 1, "conv_bias": True,
+     "tie_word_embeddings": False, "layer_types": ["conv", "full_attention", "conv", "conv", "full_attention"]},
+    {"model_type": "lfm2_moe", "num_hidden_layers": 3, "layer_types": ["full_attention", "conv", "full_attention"],
+     "num_dense_layers": 0, "tie_embedding": False, "num_key_value_heads": 4},
+    {"model_type": "glm_moe_dsa", "num_hidden_layers": 4, "index_topk_pattern": "FSFS", "tie_word_embeddings": True},
 ]
 
 
@@ -152,9 +177,40 @@ def test_deepseek_v3_active_matches_the_model_card():
     assert round(counts.total / 1e9) == 671
 
 
+def test_glm5_total_and_active_match_the_model_card():
+    # Model card (zai-org/GLM-5): 744B parameters, 40B active. By hand: 3 dense layers and 75 MoE
+    # layers of 8 routed + 1 shared expert (3 x 6144 x 2048 each) and a 256-way router; MLA with
+    # a DSA indexer in every layer. The active count less the input embedding (a lookup) is 40.8B,
+    # which the card gives as 40B. GLM-5.2 builds no indexer in its 57 "shared" layers.
+    h, vocab, q_rank, heads, idx_heads, idx_dim = 6144, 154880, 2048, 64, 32, 128
+    mla = (h * q_rank + q_rank + q_rank * heads * 256 + h * (512 + 64) + 512 + 512 * heads * (192 + 256)
+           + heads * 256 * h)
+    indexer = q_rank * idx_heads * idx_dim + h * idx_dim + 2 * idx_dim + h * idx_heads
+    expert = 3 * h * 2048
+    dense = mla + indexer + 3 * h * 12288 + 2 * h
+    moe = mla + indexer + 9 * expert + 256 * h + 2 * h
+    glm5 = count_params(load_config(CONFIGS / "zai-org--GLM-5_config.json"))
+    assert glm5.active == 3 * dense + 75 * moe + 2 * vocab * h + h
+    assert round(glm5.total / 1e9) == 744 and int((glm5.active - vocab * h) / 1e9) == 40
+    glm52 = count_params(load_config(CONFIGS / "zai-org--GLM-5.2_config.json"))
+    assert glm5.total - glm52.total == 57 * indexer
+
+
 def test_unsupported_model_type_is_refused_by_name():
-    with pytest.raises(ValueError, match="'zamba2' has no parameter-count rule"):
-        count_params(with_defaults({"model_type": "zamba2"}))
+    with pytest.raises(ValueError, match="'deepseek_v4' has no parameter-count rule"):
+        count_params(with_defaults({"model_type": "deepseek_v4"}))
+
+
+def test_gemma3n_kv_sharing_without_a_producer_is_refused():
+    # 8 layers, 15 KV-shared: no earlier layer computes the KV (Gemma3nTextConfig.kv_sharing_modes raises too).
+    with pytest.raises(ValueError, match="num_kv_shared_layers=15"):
+        count_params(with_defaults({"model_type": "gemma3n_text", "num_hidden_layers": 8}))
+
+
+def test_lfm2_moe_without_layer_types_is_refused_naming_the_field():
+    # Lfm2MoeConfig has no default pattern; transformers' Lfm2MoeDecoderLayer cannot be built either.
+    with pytest.raises(ValueError, match="'layer_types'"):
+        count_params(with_defaults({"model_type": "lfm2_moe"}))
 
 
 def test_mimo_swa_geometry_transformers_does_not_build_is_refused():
