@@ -329,15 +329,12 @@ def cell_problem(config: RunConfig, df: pd.DataFrame) -> str | None:
         ValueError: a budget this host cannot simulate (`check_host_memory`):
             bad input for the whole grid, not one cell.
     """
-    from unikv.sim.engines import rules as engine_rules
-    from unikv.sim.layouts import RequestTooLargeError, build_layout, check_fits
-    from unikv.sim.run import check_host_memory
+    from unikv.sim.layouts import RequestTooLargeError, check_fits
+    from unikv.sim.run import check_host_memory, engine_model, layout_plan
 
-    state = engine_rules(config.scheduler, config.layout)  # as `sim.run` holds the run to them
-    model = load_model(config.model, state_dtype=state.state_dtype, kv_cache_dtype=config.kv_cache_dtype)
+    state, model = engine_model(config)  # as `sim.run` holds the run to them
     try:
-        plan = build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
-                            kind=config.layout, static_ratio=config.static_ratio)
+        plan = layout_plan(config, model)
         plan.max_running(config.scheduler.max_running, state.state_slots_per_request)
     except ValueError as exc:
         return " ".join(str(exc).split())

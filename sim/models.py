@@ -174,8 +174,7 @@ def _counted_sizes(filled: dict) -> tuple[dict[str, Any], str]:
     dtype = str(filled.get("torch_dtype") or filled.get("dtype") or "")
     quant = filled.get("quantization_config")
     if dtype not in _PARAM_DTYPE_BYTES:
-        method = quant.get("quant_method") if isinstance(quant, dict) else quant
-        what = f"quantized checkpoint (quant_method {method!r}) without a" if quant else "the"
+        what = f"quantized checkpoint (quant_method {_quant_method(quant)!r}) without a" if quant else "the"
         return out, f"{why}; weight bytes unknown: {what} torch_dtype {dtype or None!r} is not one of " \
                     f"{sorted(_PARAM_DTYPE_BYTES)}"
     if quant:
@@ -185,6 +184,11 @@ def _counted_sizes(filled: dict) -> tuple[dict[str, Any], str]:
         return out, f"{why}; {how}"
     out["weight_bytes"] = counts.total * _PARAM_DTYPE_BYTES[dtype]
     return out, f"{why}; weight bytes = params_total x {_PARAM_DTYPE_BYTES[dtype]} ({dtype})"
+
+
+def _quant_method(quant) -> Any:
+    """A `quantization_config`'s `quant_method` (the value itself when it is not an object)."""
+    return quant.get("quant_method") if isinstance(quant, dict) else quant
 
 
 def _quantized_weight_bytes(counts, quant, dtype_bytes: int) -> tuple[int | None, str]:
@@ -197,7 +201,7 @@ def _quantized_weight_bytes(counts, quant, dtype_bytes: int) -> tuple[int | None
     projections, are a few hundredths of a percent of the total. Any other
     method is left unknown, named.
     """
-    method = quant.get("quant_method") if isinstance(quant, dict) else quant
+    method = _quant_method(quant)
     block = quant.get("weight_block_size") if isinstance(quant, dict) else None
     if method != "fp8" or not (isinstance(block, list) and len(block) == 2
                                and all(isinstance(b, int) and b > 0 for b in block)):

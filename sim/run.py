@@ -206,14 +206,31 @@ def run(config: RunConfig, *, progress: Callable[[int, int], None] | None = None
         return _run(config, progress, trace_df, hw)
 
 
+def engine_model(config: RunConfig):
+    """The engine rules `config` runs under (the same for every layout a
+    comparison holds side by side) and the model loaded as they store it:
+    `(EngineRules, ModelSpec)`.
+
+    Raises:
+        ValueError: an unknown model or a config the parser refuses.
+    """
+    state = engine_rules(config.scheduler, config.layout)
+    return state, load_model(config.model, state_dtype=state.state_dtype,
+                             kv_cache_dtype=config.kv_cache_dtype)
+
+
+def layout_plan(config: RunConfig, model):
+    """`build_layout` of `model` with the layout options of `config`."""
+    return build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
+                        kind=config.layout, static_ratio=config.static_ratio)
+
+
 def _run(config, progress, trace_df, hw) -> RunResult:
     t0 = time.perf_counter()
     hw = hw or cost_model.HardwareSpec.load(config.hardware)  # first: a bad file fails before the replay
     df = load_trace(config) if trace_df is None else trace_df
-    state = engine_rules(config.scheduler, config.layout)  # the same for every layout compared
-    model = load_model(config.model, state_dtype=state.state_dtype, kv_cache_dtype=config.kv_cache_dtype)
-    plan = build_layout(model, kv_budget_gib=config.kv_budget_gib, page_size=config.page_size,
-                        kind=config.layout, static_ratio=config.static_ratio)
+    state, model = engine_model(config)
+    plan = layout_plan(config, model)
     check_host_memory(plan, config.kv_budget_gib)
     block = cache_block_tokens(config.scheduler.block_tokens, _trace_block(df),
                                enabled=config.scheduler.prefix_cache)
