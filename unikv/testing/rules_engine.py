@@ -15,36 +15,23 @@ from hypothesis.stateful import precondition, rule
 from unikv.testing import checks
 from unikv.testing.device import buffer_copy, host_ids
 from unikv.testing.forward import Forward, plan_io
+from unikv.testing.host import MachineHost
 
 if TYPE_CHECKING:
     from unikv.pool import UnifiedPool
-    from unikv.testing.model import ChainModel
     from unikv.testing.shadow import ShadowBytes
 
 
-class EngineRules:
+class EngineRules(MachineHost):
     """Rules that play the engine's step loop (needs the machine's helpers)."""
 
     if TYPE_CHECKING:  # what the rules use of `ConformanceMachine` and `MemoryRules`
-        pool: UnifiedPool
-        model: ChainModel
         shadow: ShadowBytes
-        ps: int
-        token_bands: list[str]
-        state_bands: list[str]
         sizes: dict[str, int]
-        inflight: Forward | None
 
         def new_pool(self) -> UnifiedPool: ...
-        def _op(self) -> None: ...
         def _fire(self) -> None: ...
         def _landed(self, fwd: Forward) -> None: ...
-        def _write(self, band: str, ids: list[int]) -> None: ...
-        def _new_tokens(self, out: Any, fresh: list[list[int]], rids: list[int],
-                        tokens: list[list[int]]) -> None: ...
-        def _reqs(self, extendable: bool = False, live: bool = False) -> list[int]: ...
-        def _room(self) -> list[int]: ...
-        def _shortfall(self, room_before: list[int], what: str) -> None: ...
         def _extend(self, data: st.DataObject,
                     olds: list[int] | None = None) -> tuple[list[int], list[int]] | None: ...
         def _decode(self, data: st.DataObject, rids: list[int] | None = None) -> list[int] | None: ...

@@ -6,7 +6,7 @@ steps the reference model."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from hypothesis import strategies as st
@@ -14,38 +14,24 @@ from hypothesis.stateful import precondition, rule
 
 from unikv.testing import checks
 from unikv.testing.device import host_ids
+from unikv.testing.host import MachineHost
 from unikv.testing.reach import REACHED
 
 if TYPE_CHECKING:
     from unikv.layout import Layout
-    from unikv.pool import UnifiedPool
-    from unikv.testing.forward import Forward, Pair
-    from unikv.testing.model import ChainModel
+    from unikv.testing.forward import Pair
 
 
-class MemoryRules:
+class MemoryRules(MachineHost):
     """Rules over the pool's memory surface (needs the machine's helpers)."""
 
     if TYPE_CHECKING:  # what the rules use of `ConformanceMachine` (all set in its setup)
-        pool: UnifiedPool
         layout: Layout
-        model: ChainModel
-        ps: int
-        token_bands: list[str]
-        state_bands: list[str]
         window: str
         has_float: bool
         max_pages: int
-        inflight: Forward | None
 
-        def _op(self) -> None: ...
         def _moves(self) -> int: ...
-        def _write(self, band: str, ids: list[int]) -> None: ...
-        def _new_tokens(self, out: Any, fresh: list[list[int]], rids: list[int],
-                        tokens: list[list[int]]) -> None: ...
-        def _reqs(self, extendable: bool = False, live: bool = False) -> list[int]: ...
-        def _room(self) -> list[int]: ...
-        def _shortfall(self, room_before: list[int], what: str) -> None: ...
         def _live_map(self) -> dict[str, list[int]]: ...
         def _settle_for(self, pages: Iterable[int] = (), states: Iterable[Pair] = ()) -> None: ...
 
