@@ -15,7 +15,7 @@ from hypothesis.stateful import precondition, rule
 from unikv.testing import checks
 from unikv.testing.device import buffer_copy, host_ids
 from unikv.testing.forward import Forward, plan_io
-from unikv.testing.host import MachineHost
+from unikv.testing.rules_host import MachineHost
 
 if TYPE_CHECKING:
     from unikv.pool import UnifiedPool

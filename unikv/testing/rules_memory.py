@@ -14,8 +14,8 @@ from hypothesis.stateful import precondition, rule
 
 from unikv.testing import checks
 from unikv.testing.device import host_ids
-from unikv.testing.host import MachineHost
 from unikv.testing.reach import REACHED
+from unikv.testing.rules_host import MachineHost
 
 if TYPE_CHECKING:
     from unikv.layout import Layout
