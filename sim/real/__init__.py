@@ -1,0 +1,6 @@
+"""The real executor's model side: a transformers model whose attention reads
+and writes the pool (`attention`), the per-layer description of a model's
+cache read from its config (`layers`), and the executor itself.
+
+Needs torch and transformers; `import unikv.sim` never imports this package.
+"""
