@@ -139,11 +139,11 @@ def check_layout(layers: ModelLayers, layout) -> None:
     """
     have = {b.name: b for b in layout.token_bands}
     want = layers.band_bytes()
-    for name in sorted(set(have) | set(want)):
-        if name not in have or name not in want:
-            side = "the layout has no" if name not in have else "the model's layers hold nothing on"
-            raise ValueError(f"band {name!r}: {side} band {name!r}; model bands {sorted(want)}, "
-                             f"layout token bands {sorted(have)}")
+    for name in sorted(set(have) ^ set(want)):
+        side = "the layout has no" if name not in have else "the model's layers hold nothing on"
+        raise ValueError(f"band {name!r}: {side} band {name!r}; model bands {sorted(want)}, "
+                         f"layout token bands {sorted(have)}")
+    for name in sorted(want):
         if have[name].entry_bytes != want[name]:
             raise ValueError(f"band {name!r}: the model's layers hold {want[name]} bytes per token; "
                              f"the layout's band holds {have[name].entry_bytes}")

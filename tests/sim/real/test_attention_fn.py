@@ -17,14 +17,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import transformers
+from unikv.sim.real.attention import StepContext, register, use_step
+from unikv.sim.real.layers import model_layers
 
-transformers = pytest.importorskip("transformers")
-
-from unikv import Band, Layout, UnifiedPool  # noqa: E402
-from unikv.backends import SimBackend  # noqa: E402
-from unikv.sim.real.attention import StepContext, register, use_step  # noqa: E402
-from unikv.sim.real.layers import model_layers  # noqa: E402
-from unikv.tensors import KVViews  # noqa: E402
+from unikv import Band, Layout, UnifiedPool
+from unikv.backends import SimBackend
+from unikv.tensors import KVViews
 
 PS, WINDOW, VOCAB = 4, 6, 96
 PROMPTS = (5, 9, 3, 12)
