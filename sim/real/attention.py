@@ -63,6 +63,10 @@ class StepContext:
         write_slots: band -> `[T]` physical slot of each query token on the
             band (`pool.translate(vids, band)`), in batch order.
         layout: "packed" (input `[1, T]`) or "padded" (`[B, 1]`, decode).
+        triton: passed to `paged_attention`: None (the Triton kernel for CUDA
+            tensors, else the torch reference), True (the kernel; on CPU
+            tensors through Triton's interpreter when the process imported
+            Triton with `TRITON_INTERPRET=1`), False (the reference).
     Raises:
         ValueError: a band without a table or slots, or shapes that
             disagree (checked on shapes only: no device read).
@@ -74,6 +78,7 @@ class StepContext:
     seq_lens: torch.Tensor
     write_slots: Mapping[str, torch.Tensor]
     layout: str = "packed"
+    triton: bool | None = None
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -155,7 +160,7 @@ def unikv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     scale = scaling if scaling is not None else module.head_dim ** -0.5
     out = paged_attention(q, ctx.views.k(layer), ctx.views.v(layer), ctx.block_tables[band],
                           ctx.cu_q, ctx.seq_lens, scale=scale, window=sliding_window,
-                          sinks=s_aux, softcap=softcap)
+                          sinks=s_aux, softcap=softcap, triton=ctx.triton)
     return out.reshape(b, s, hq, -1), None
 
 

@@ -9,20 +9,30 @@ mixed (that request's second chunk reads the first chunk's KV from the pool,
 the others decode), then padded `[B, 1]` decode steps. Between steps, pages
 that left the window are released on the swa band (tombstones -> the sink in
 the block table) and a freed filler request lets an urgent flush move live
-pages under the views.
+pages under the views. On the CPU the attention runs the torch reference
+(and, for two models, the Triton kernel through Triton's interpreter); on a
+CUDA device, the Triton kernel over a `CudaBackend` pool.
 """
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # The interpreter cases run the Triton kernel on CPU tensors: Triton must be imported
+    # with TRITON_INTERPRET=1 (nothing above imports it; unikv imports it lazily).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 import transformers
 from unikv.sim.real.attention import StepContext, register, use_step
 from unikv.sim.real.layers import model_layers
 
 from unikv import Band, Layout, UnifiedPool
-from unikv.backends import SimBackend
+from unikv.backends import CudaBackend, SimBackend
+from unikv.kernels.launch import interpreted
 from unikv.tensors import KVViews
 
 PS, WINDOW, VOCAB = 4, 6, 96
@@ -63,9 +73,9 @@ def gpt_oss():
     return model
 
 
-def build(factory):
+def build(factory, device: str = "cpu"):
     torch.manual_seed(0)
-    model = factory().float().eval()
+    model = factory().float().eval().to(device)
     with torch.no_grad():  # weights big enough that soft-capping and sinks change the result
         for p in model.parameters():
             if p.dim() > 1:
@@ -77,7 +87,7 @@ def reference_logits(model, tokens: list[int], prompt: int) -> torch.Tensor:
     """transformers' own cache (eager attention): prefill the prompt, then one token at a time."""
     model.set_attn_implementation("eager")
     cache = transformers.DynamicCache(config=model.config)
-    ids = torch.tensor([tokens])
+    ids = torch.tensor([tokens], device=model.device)
     with torch.no_grad():
         out = [model(input_ids=ids[:, :prompt], past_key_values=cache, use_cache=True).logits[0]]
         for pos in range(prompt, len(tokens)):
@@ -88,16 +98,19 @@ def reference_logits(model, tokens: list[int], prompt: int) -> torch.Tensor:
 class Batch:
     """The requests' virtual ids and lengths in a materialised pool, one step at a time."""
 
-    def __init__(self, model, layers) -> None:
+    def __init__(self, model, layers, triton: bool | None = None) -> None:
         bands = layers.band_bytes()
         blocks = layers.band_blocks()
         chain = [("swa", "up"), ("full", "down")] if "swa" in bands else [("full", "down")]
         layout = Layout(total_bytes=600 * PS * max(bands.values()), bands=[
             Band(name, entry_bytes=bands[name], grow=grow, page_size=PS, blocks_per_page=blocks[name])
             for name, grow in chain])
-        self.pool = UnifiedPool(layout, backend=SimBackend(materialize=True), compaction="lazy")
+        device = model.device
+        backend = CudaBackend(device) if device.type == "cuda" else SimBackend(materialize=True)
+        self.pool = UnifiedPool(layout, backend=backend, compaction="lazy")
         self.views = KVViews(self.pool, layers.kv)
-        self.model, self.window = model, layers.window_tokens
+        self.model, self.window, self.triton = model, layers.window_tokens, triton
+        self.device = device
         self.vids: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in PROMPTS]
         self.released = [0] * len(PROMPTS)
 
@@ -117,21 +130,24 @@ class Batch:
         flat_pos = [p for ps in positions for p in ps]
         shape = (1, len(flat_ids)) if layout == "packed" else (len(news), 1)
         with use_step(ctx), torch.no_grad():
-            logits = self.model(input_ids=torch.tensor(flat_ids).reshape(shape),
-                                position_ids=torch.tensor(flat_pos).reshape(shape), use_cache=False).logits
-        logits = logits.reshape(-1, logits.shape[-1])
+            logits = self.model(input_ids=torch.tensor(flat_ids, device=self.device).reshape(shape),
+                                position_ids=torch.tensor(flat_pos, device=self.device).reshape(shape),
+                                use_cache=False).logits
+        logits = logits.reshape(-1, logits.shape[-1]).cpu()
         self.release_window()
         return list(torch.split(logits, news))
 
     def context(self, new_ids: np.ndarray, news: list[int], layout: str) -> StepContext:
         pages = [v[::PS] // PS for v in self.vids]
+        dev = self.device
         return StepContext(
             views=self.views,
             block_tables={b: self.views.block_table(pages, b) for b in self.views.bands},
-            cu_q=torch.tensor(np.concatenate([[0], np.cumsum(news)]), dtype=torch.int32),
-            seq_lens=torch.tensor([len(v) for v in self.vids], dtype=torch.int32),
-            write_slots={b: torch.from_numpy(self.pool.translate(new_ids, b)) for b in self.views.bands},
-            layout=layout)
+            cu_q=torch.tensor(np.concatenate([[0], np.cumsum(news)]), dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor([len(v) for v in self.vids], dtype=torch.int32, device=dev),
+            write_slots={b: torch.as_tensor(self.pool.translate(new_ids, b), device=dev)
+                         for b in self.views.bands},
+            layout=layout, triton=self.triton)
 
     def release_window(self) -> None:
         """Tombstone on swa each page no later query can see (all positions <= L - window)."""
@@ -144,17 +160,30 @@ class Batch:
                 self.released[r] += 1
 
 
-@pytest.mark.parametrize("factory", [llama, gemma3, gemma2, gpt_oss], ids=lambda f: f.__name__)
-def test_pool_batch_matches_transformers_cache_per_request(factory):
-    model = build(factory)
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+CASES = [pytest.param(f, "cpu", None, id=f.__name__) for f in (llama, gemma3, gemma2, gpt_oss)]
+CASES += [pytest.param(f, "cpu", True, id=f"{f.__name__}-triton-interpreter") for f in (gpt_oss,)]
+CASES += [pytest.param(f, "cuda", None, id=f"{f.__name__}-cuda", marks=[pytest.mark.gpu, CUDA])
+          for f in (llama, gemma3, gemma2, gpt_oss)]
+
+
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")  # 5.24's name is `cache`; 5.17 has no alias
+@pytest.mark.parametrize("factory, device, triton", CASES)
+def test_pool_batch_matches_transformers_cache_per_request(factory, device, triton):
+    if triton:
+        from unikv.kernels.attention import kernel
+
+        if not interpreted(kernel._attention_kernel):
+            pytest.skip("Triton was imported without TRITON_INTERPRET=1: no kernel on CPU tensors")
+    model = build(factory, device)
     rng = np.random.default_rng(1)
     steps = 1 + DECODES  # the mixed step, then the padded decodes
     tokens = [rng.integers(0, VOCAB, size=p + steps).tolist() for p in PROMPTS]
-    want = [reference_logits(model, t, p) for t, p in zip(tokens, PROMPTS)]
+    want = [reference_logits(model, t, p).cpu() for t, p in zip(tokens, PROMPTS)]
 
     model.set_attn_implementation(register())
     layers = model_layers(model.config, torch.float32)
-    batch = Batch(model, layers)
+    batch = Batch(model, layers, triton)
     filler = batch.pool.alloc(8 * PS)  # freed after the prefill: the flush then moves live pages
     got: list[list[torch.Tensor]] = [[] for _ in PROMPTS]
     first = [min(p, FIRST_CHUNK) for p in PROMPTS]
