@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from unikv import Band, Layout, UnifiedPool
+from unikv import Band, Layout, StaticPartitionPool, UnifiedPool
 from unikv.backends import CudaBackend, SimBackend
 from unikv.tensors import KVViews, LayerKV
 
@@ -240,3 +240,18 @@ def test_write_refuses_bad_shapes_and_slots_and_leaves_bytes():
                    "slots range")
     one_line_error(lambda: views.write(7, slots, torch.zeros(PS, 2, 4), torch.zeros(PS, 2, 4)), "layer=7")
     assert np.array_equal(pool.buffer_view("full"), before)
+
+
+def test_views_over_a_static_partition_pool():
+    """The fixed-split baseline's regions sit on the same page grids: the same views serve it."""
+    layout = three_band()
+    pool = StaticPartitionPool(layout, backend=SimBackend(materialize=True),
+                               fractions={"mamba": 0.2, "swa": 0.3, "full": 0.5})
+    views = KVViews(pool, LAYERS)
+    driver = Driver(pool, views, seed=9)
+    for _ in range(60):
+        driver.step()
+    assert driver.requests and driver.mismatches() == []
+    vids = next(iter(driver.requests.values()))["vids"]
+    table = views.block_table([vids[::PS] // PS], "full")
+    assert table[0].tolist() == (host(pool.translate(vids[::PS], "full")) // PS).tolist()
