@@ -224,3 +224,31 @@ def test_outside_a_step_and_bad_layouts_are_refused():
     with pytest.raises(ValueError, match="cu_q has shape"):
         StepContext(views=ctx.views, block_tables=ctx.block_tables, cu_q=ctx.cu_q[:2],
                     seq_lens=ctx.seq_lens, write_slots=ctx.write_slots)
+
+
+def test_register_without_a_mask_gives_the_same_logits():
+    """mask=False: transformers builds no mask for the custom name (its early exit);
+    the kernel masks by position either way."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+
+    model = build(gemma3)
+    layers = model_layers(model.config, torch.float32)
+    tokens = np.random.default_rng(2).integers(0, VOCAB, size=(len(PROMPTS), max(PROMPTS))).tolist()
+    outs = []
+    for name, mask in (("unikv", True), ("unikv_nomask", False)):
+        model.set_attn_implementation(register(name, mask=mask))
+        outs.append(torch.cat(Batch(model, layers).step(tokens, list(PROMPTS), "packed")))
+    assert "unikv_nomask" in AttentionInterface._global_mapping
+    assert "unikv_nomask" not in AttentionMaskInterface._global_mapping
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-6, rtol=1e-6)
+
+
+def test_step_context_refuses_disagreeing_shapes():
+    model = build(llama)
+    batch = Batch(model, model_layers(model.config, torch.float32))
+    ctx = batch.context(np.zeros(0, dtype=np.int64), [0] * len(PROMPTS), "packed")
+    with pytest.raises(ValueError, match="must be a StepContext"), use_step("not a context"):
+        pass
+    with pytest.raises(ValueError, match=r"block_tables\['full'\] has shape \(2, 1\)"):
+        StepContext(views=ctx.views, block_tables={"full": ctx.block_tables["full"][:2]}, cu_q=ctx.cu_q,
+                    seq_lens=ctx.seq_lens, write_slots=ctx.write_slots)
