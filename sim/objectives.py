@@ -145,9 +145,8 @@ class Objectives:
 
 
 def nearest_rank(values, percentile: float) -> float:
-    """The `percentile`-th nearest-rank percentile of `values` (a sequence
-    or array of floats: the
-    ceil(p/100 x N)-th smallest); NaN when `values` is empty."""
+    """The `percentile`-th nearest-rank percentile of `values` (floats, a
+    sequence or an array): the ceil(p/100 x N)-th smallest; NaN when empty."""
     if len(values) == 0:
         return math.nan
     rank = max(1, math.ceil(percentile / 100 * len(values)))
