@@ -113,7 +113,8 @@ def table(rows: list[dict]) -> pa.Table:
     """The dataset of `rows`: `COLUMNS`, then the objective columns present."""
     rows = [dict(r, schema_version=SCHEMA_VERSION) for r in rows]
     _efficiencies(rows)
-    extra = sorted({k for r in rows for k in r if _is_objective(k)})
+    known = {n for n, _ in COLUMNS}
+    extra = sorted({k for r in rows for k in r if _is_objective(k) and k not in known})
     fields = COLUMNS + [(n, _objective_type(n)) for n in extra]
     schema = pa.schema([pa.field(n, t) for n, t in fields])
     data = {n: [_value(r.get(n), t) for r in rows] for n, t in fields}

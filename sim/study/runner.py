@@ -83,7 +83,8 @@ def _run_on_ray(todo: list[RunSpec], rows_dir: Path, on_row: Callable[[dict], No
 
 
 def run_study(study: Study, out_dir: Path, *, address: str | None = None, max_runs: int | None = None,
-              on_row: Callable[[dict], None] | None = None, study_file: Path | None = None) -> StudyOutcome:
+              on_start: Callable[[int], None] | None = None, on_row: Callable[[dict], None] | None = None,
+              study_file: Path | None = None) -> StudyOutcome:
     """Run every run of `study` without a row in `out_dir`, then write the dataset.
 
     Args:
@@ -91,7 +92,8 @@ def run_study(study: Study, out_dir: Path, *, address: str | None = None, max_ru
         address: a Ray cluster's address; None: a local Ray (or the one
             already initialised).
         max_runs: run at most this many of the missing runs.
-        on_row: called with each row as it is written (the progress display).
+        on_start: called with the number of runs about to run (the progress display).
+        on_row: called with each row as it is written.
         study_file: copied to `out_dir/study.toml`.
 
     Raises:
@@ -109,6 +111,8 @@ def run_study(study: Study, out_dir: Path, *, address: str | None = None, max_ru
     todo = [s for s in specs if s.run_id not in done]
     if max_runs is not None:
         todo = todo[:max_runs]
+    if on_start is not None:
+        on_start(len(todo))
     executed = 0
     started = False
     try:
