@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -58,9 +59,14 @@ def run_id_of(inputs: dict) -> str:
     return sha256_text(canonical_json(inputs))[:16]
 
 
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file's bytes, memoised per (path, size, modification time)."""
+    st = os.stat(path)
+    return _file_sha256(str(path), st.st_size, st.st_mtime_ns)
+
+
 @cache
-def file_sha256(path: str) -> str:
-    """SHA-256 of a file's bytes (read in 1 MiB blocks)."""
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -172,7 +178,7 @@ def expand(study: Study) -> list[RunSpec]:
               "hbm_capacity_bytes": hbm, "executor": "sim", "unikv_version": unikv.__version__}
     out: dict[str, RunSpec] = {}
     for tspec in study.traces:
-        trace_sha = file_sha256(str(trace_file(tspec.trace)))
+        trace_sha = file_sha256(trace_file(tspec.trace))
         for seed in study.study.seeds:
             base = _trace_base(tspec, seed)
             for scale, target in _loads(tspec, base):

@@ -158,6 +158,8 @@ def _message(error: ValidationError) -> str:
     first = error.errors()[0]
     where = _path(tuple(p for p in first["loc"] if not str(p).startswith(("function-", "literal["))))
     text = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        text = "unknown key (docs/studies.md lists the keys of each table)"
     value = first.get("input")
     shown = "" if isinstance(value, dict) else f"={value!r}"
     more = len(error.errors()) - 1
