@@ -3,9 +3,10 @@
 The runs are traces x loads x models x budgets x seeds x the layout cells
 `unikv compare` would run (`sim.cli.grid`: layouts x compactions x fixed
 ratios, under each engine's rules). A run id is 16 hex digits of SHA-256
-over the canonical JSON of every input that changes the result
-(`run_inputs`; docs/studies.md, "Run ids"): the same inputs give the same
-id in any process, wherever the files live.
+over the canonical JSON of every input that changes the row (`run_inputs`
+and the objectives, whose columns the row holds; docs/studies.md, "Run
+ids"): the same inputs give the same id in any process, wherever the
+files live.
 """
 
 from __future__ import annotations
@@ -209,13 +210,14 @@ def _budget_runs(bspec: BudgetSpec, model, hbm, study: Study, cells, head: dict)
         hashes = {"trace_sha256": head["trace_sha256"], "model_sha256": head["model_config_sha256"],
                   "gpu_sha256": head["gpu_spec_sha256"]}
         if budget is None:
-            inputs = {**run_inputs(cfg, **hashes), "kv_budget_bytes": None,
+            inputs = {**run_inputs(cfg, **hashes), "kv_budget_bytes": None, "objectives": study.objectives,
                       "budget": bspec.model_dump(), "hbm_capacity_bytes": hbm}
             runs.append(RunSpec(run_id=run_id_of(inputs), config=None, columns=columns, problem=problem,
                                 objectives=dict(study.objectives)))
             continue
         cfg = cfg.with_(kv_budget_gib=budget.kv_budget_gib)
-        runs.append(RunSpec(run_id=run_id_of(run_inputs(cfg, **hashes)), config=cfg, columns=columns,
+        inputs = {**run_inputs(cfg, **hashes), "objectives": study.objectives}
+        runs.append(RunSpec(run_id=run_id_of(inputs), config=cfg, columns=columns,
                             objectives=dict(study.objectives)))
     return runs
 

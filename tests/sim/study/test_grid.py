@@ -50,6 +50,7 @@ def test_the_same_inputs_give_the_same_ids_in_another_process():
     (["scheduler"], {"max_running": 32}),
     (["models", "kv_cache_dtype"], "fp8_e4m3"),
     (["layouts", "page_size"], 32),
+    (["objectives"], {"ttft_p90_s": 3.0}),
 ])
 def test_a_changed_input_changes_the_ids(path, value):
     data = copy.deepcopy(STUDY)
