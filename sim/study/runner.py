@@ -58,6 +58,12 @@ def _start_ray(address: str | None) -> bool:
     return True
 
 
+def _write(rows_dir: Path, row: dict, on_row: Callable[[dict], None] | None) -> None:
+    write_row(rows_dir, row)
+    if on_row is not None:
+        on_row(row)
+
+
 def _run_on_ray(todo: list[RunSpec], rows_dir: Path, on_row: Callable[[dict], None] | None) -> int:
     """Run `todo` as Ray tasks, writing each row as it lands; returns rows written.
 
@@ -70,11 +76,8 @@ def _run_on_ray(todo: list[RunSpec], rows_dir: Path, on_row: Callable[[dict], No
     try:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
-            row = ray.get(ready[0])
-            write_row(rows_dir, row)
+            _write(rows_dir, ray.get(ready[0]), on_row)
             written += 1
-            if on_row is not None:
-                on_row(row)
     except KeyboardInterrupt:
         for ref in pending:
             ray.cancel(ref, force=True)
@@ -116,9 +119,13 @@ def run_study(study: Study, out_dir: Path, *, address: str | None = None, max_ru
     executed = 0
     started = False
     try:
-        if todo:
+        for spec in (s for s in todo if s.problem is not None):  # known before it starts: no task
+            _write(rows_dir, execute(spec), on_row)
+            executed += 1
+        tasks = [s for s in todo if s.problem is None]
+        if tasks:
             started = _start_ray(address)
-            executed = _run_on_ray(todo, rows_dir, on_row)
+            executed += _run_on_ray(tasks, rows_dir, on_row)
     finally:
         rows = read_rows(rows_dir, [s.run_id for s in specs])
         write_dataset(out_dir / DATASET, rows)
