@@ -134,12 +134,10 @@ def _trace_base(spec: TraceSpec, seed: int) -> RunConfig:
                      max_context_tokens=spec.max_context_tokens, seed=seed)
 
 
-def _budget(spec: BudgetSpec, model, hbm: int | None, gpu: str) -> DerivedBudget:
-    """Raises ValueError: a derived budget that cannot be (no HBM figure, weights that do not fit)."""
+def _budget(spec: BudgetSpec, model, hbm: int) -> DerivedBudget:
+    """Raises ValueError: a derived budget that cannot be (unknown weights, weights that do not fit)."""
     if spec.gib is not None:
         return explicit_budget(spec.gib)
-    if hbm is None:
-        raise ValueError(f"gpu {gpu!r} gives no hbm_capacity_bytes; set gpu.hbm_capacity_gib to derive budgets")
     assert spec.derive is not None  # BudgetSpec: exactly one of gib / derive
     return derive_budget(spec.derive, hbm_capacity_bytes=hbm, weight_bytes=model.weight_bytes,
                          model=model.name, mem_fraction=spec.mem_fraction,
@@ -171,7 +169,7 @@ def expand(study: Study) -> list[RunSpec]:
 
     hw = HardwareSpec.load(study.gpu.name)
     hbm = (round(study.gpu.hbm_capacity_gib * (1 << 30)) if study.gpu.hbm_capacity_gib
-           else getattr(hw, "hbm_capacity_bytes", None))
+           else hw.hbm_capacity_bytes)
     gpu_sha = sha256_text(canonical_json(hw.as_dict()))
     models = {name: load_model(name, kv_cache_dtype=study.models.kv_cache_dtype) for name in study.models.names}
     model_sha = {n: sha256_text(canonical_json(dataclasses.asdict(m))) for n, m in models.items()}
@@ -200,7 +198,7 @@ def expand(study: Study) -> list[RunSpec]:
 def _budget_runs(bspec: BudgetSpec, model, hbm, study: Study, cells, head: dict) -> list[RunSpec]:
     """The runs of one budget over the layout cells `cells` [(label, config)]."""
     try:
-        budget: DerivedBudget | None = _budget(bspec, model, hbm, study.gpu.name)
+        budget: DerivedBudget | None = _budget(bspec, model, hbm)
         problem = None
     except ValueError as exc:
         budget, problem = None, str(exc)
