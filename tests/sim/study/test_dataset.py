@@ -95,3 +95,16 @@ def test_a_row_file_is_written_whole_and_read_back(tmp_path, rows):
     assert path.name == f"{rows[0]['run_id']}.json"
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left
     assert read_rows(tmp_path) == [rows[0]]
+
+
+def test_docs_list_every_column_and_no_other():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "studies.md").read_text()
+    section = text[text.index("## Dataset schema"):text.index("### Objectives")]
+    documented = set()
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            documented |= set(re.findall(r"`([a-z0-9_]+)`", line.split("|")[1]))
+    assert documented == {n for n, _ in COLUMNS}
