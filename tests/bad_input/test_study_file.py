@@ -37,6 +37,8 @@ CASES = [
     ("not-toml", "[models]", "[models", ["not a valid TOML file"]),
     ("unknown-trace", 'trace = "azure_conv"', 'trace = "no_such_trace"', ["no_such_trace"]),
     ("unknown-model", '"gemma-3-12b"', '"no-such-model"', ["no-such-model"]),
+    ("unknown-gpu", "[models]", '[gpu]\nname = "tpu9"\n[models]', ["tpu9"]),
+    ("gpu-hbm-zero", "[models]", '[gpu]\nhbm_capacity_gib = 0\n[models]', ["gpu.hbm_capacity_gib"]),
 ]
 
 
