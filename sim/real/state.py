@@ -124,6 +124,8 @@ class StateBinder:
         self.config = model.config
         self.layers = mamba2_layers(model)
         self.views = views
+        self._cache: Any = None  # the last batch's cache, reused while its batch size holds
+        self._cache_batch = 0
         for g in self.layers:
             conv, ssm = views.get(g.layer, "conv"), views.get(g.layer, "ssm")
             want = ((g.conv_dim, g.d_conv - 1), (g.heads, g.head_dim, g.d_state))
@@ -134,11 +136,17 @@ class StateBinder:
     def before(self, slots, *, fresh: bool = False) -> Any:
         """A `DynamicCache` for one forward over the requests in `slots`.
 
+        The cache of the last non-fresh call is reused while the batch size
+        stays the same: its attention layers are emptied (`reset`) and the
+        state is gathered straight into its tensors, so a steady decode
+        allocates nothing and holds one copy of the batch's state. Call
+        `after` before the next `before`.
+
         Args:
             slots: physical state slots in batch order (`pool.translate(
                 state_ids, band)`), shape `[B]`.
             fresh: the requests start from no state (a first prefill chunk):
-                the cache's recurrent layers are left empty, so the model
+                a new cache whose recurrent layers are empty, so the model
                 runs its own from-zero path; False: their state is gathered.
         Returns:
             The cache to pass to the model (`cache=`); its attention layers
@@ -146,16 +154,27 @@ class StateBinder:
         """
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=self.config)
         if fresh:
-            return cache
+            return DynamicCache(config=self.config)
         idx = self._index(slots)
+        cache = self._cache if self._cache is not None and self._cache_batch == len(idx) else None
+        if cache is None:
+            cache = DynamicCache(config=self.config)
+            for g in self.layers:
+                conv = self.views.get(g.layer, "conv")
+                full = conv.new_zeros((len(idx), g.conv_dim, g.d_conv))
+                full[..., 1:] = conv[idx]  # the oldest column never reaches a kept output
+                cache.update_conv_state(full, g.layer, conv_kernel_size=g.d_conv)
+                cache.update_recurrent_state(self.views.get(g.layer, "ssm")[idx], g.layer)
+            self._cache, self._cache_batch = cache, len(idx)
+            return cache
+        linear = {g.layer for g in self.layers}
+        for i, layer in enumerate(cache.layers):
+            if i not in linear:
+                layer.reset()  # attention K/V of the last forward: the pool holds them
         for g in self.layers:
-            conv = self.views.get(g.layer, "conv")
-            full = conv.new_zeros((len(idx), g.conv_dim, g.d_conv))
-            full[..., 1:] = conv[idx]  # the oldest column never reaches a kept output
-            cache.update_conv_state(full, g.layer, conv_kernel_size=g.d_conv)
-            cache.update_recurrent_state(self.views.get(g.layer, "ssm")[idx], g.layer)
+            cache.get_conv_state(g.layer)[..., 1:] = self.views.get(g.layer, "conv")[idx]
+            torch_index_select(self.views.get(g.layer, "ssm"), idx, cache.get_recurrent_state(g.layer))
         return cache
 
     def after(self, cache, slots) -> None:
@@ -173,6 +192,7 @@ class StateBinder:
             if conv is None or ssm is None or conv.shape[0] != len(idx) or ssm.shape[0] != len(idx):
                 raise ValueError(f"StateBinder.after: layer {g.layer}: the cache holds no state for "
                                  f"the {len(idx)} requests of slots (did the forward run with this cache?)")
+            # index_put: on the CPU several times faster than index_copy_ into the strided view
             self.views.get(g.layer, "conv")[idx] = conv[..., 1:].to(self.views.get(g.layer, "conv").dtype)
             self.views.get(g.layer, "ssm")[idx] = ssm.to(self.views.get(g.layer, "ssm").dtype)
 
@@ -186,3 +206,10 @@ class StateBinder:
         if idx.device.type == "cpu" and len(set(idx.tolist())) != idx.numel():
             raise ValueError(f"StateBinder: slots={idx.tolist()} repeat a slot")
         return idx.to(device)
+
+
+def torch_index_select(src: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> None:
+    """`out[:] = src[idx]` without a temporary (rows of a strided pool view)."""
+    import torch
+
+    torch.index_select(src, 0, idx, out=out)

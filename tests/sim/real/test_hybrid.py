@@ -213,3 +213,19 @@ def test_binder_refusals(model):
         run.binder.after(run.binder.before(slots, fresh=True), slots)
     with pytest.raises(ValueError, match=r"^StateBinder: slots=\[.*\] repeat a slot"):
         run.binder.before(torch.cat([slots, slots]))
+
+
+def test_steady_decode_reuses_one_cache_and_empties_its_attention(model):
+    run = PoolRun(model)
+    for r in ("b", "c"):
+        run.admit(r)
+    run.decode(["b", "c"])
+    slots = run.slots(["b", "c"])
+    first = run.binder.before(slots)
+    ssm_ptr = first.get_recurrent_state(0).data_ptr()
+    assert first.layers[ATTN].keys is None  # the last forward's K/V were dropped
+    run.binder.after(first, slots)
+    again = run.binder.before(slots)
+    assert again is first and again.get_recurrent_state(0).data_ptr() == ssm_ptr
+    run.binder.after(again, slots)
+    assert run.binder.before(slots[:1]) is not first  # another batch size: a new cache
