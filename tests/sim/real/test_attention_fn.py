@@ -20,10 +20,11 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from unikv import Band, Layout, UnifiedPool  # noqa: E402
-from unikv.backends import SimBackend  # noqa: E402
 from unikv.sim.real.attention import StepContext, register, use_step  # noqa: E402
 from unikv.sim.real.layers import model_layers  # noqa: E402
+
+from unikv import Band, Layout, UnifiedPool  # noqa: E402
+from unikv.backends import SimBackend  # noqa: E402
 from unikv.tensors import KVViews  # noqa: E402
 
 PS, WINDOW, VOCAB = 4, 6, 96

@@ -3,9 +3,12 @@
 The model is Nemotron-H-56B's config trimmed to 4 layers (mamba, attention,
 mamba, MLP), hidden 64, random weights, fp32 on the CPU. Recurrent layers
 prefill one request per forward (transformers' torch Mamba-2 path takes no
-packed sequences); decode runs the batch together as `[B, 1]`. Until the
-attention layers read the pool (kvattn's attention function), the test keeps
-each request's K/V itself and hands the model a left-padded batch of it.
+packed sequences); decode runs the batch together as `[B, 1]`. The attention
+layer reads and writes its K/V in the pool's token band through the "unikv"
+attention function (`unikv.sim.real.attention`); the Mamba-2 layers' state
+lives in the pool's state band (`StateBinder`). Between decode steps requests
+finish and others take their slots, and a flush moves live pages and slots of
+both bands under the views.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import numpy as np  # noqa: E402
 from unikv.sim.models import load_model  # noqa: E402
+from unikv.sim.real.attention import StepContext, register, use_step  # noqa: E402
 from unikv.sim.real.state import StateBinder, layer_states, mamba2_layers, state_bytes  # noqa: E402
 
 from unikv import Band, Layout, UnifiedPool  # noqa: E402
 from unikv.backends import SimBackend  # noqa: E402
-from unikv.tensors import LayerState, StateViews  # noqa: E402
+from unikv.tensors import KVViews, LayerKV, LayerState, StateViews  # noqa: E402
 
 SOURCE = Path(__file__).resolve().parents[2] / "data" / "configs" / "nvidia--Nemotron-H-56B-Base-8K_config.json"
 TRIM = {"hidden_size": 64, "mamba_num_heads": 4, "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16,
@@ -32,6 +37,7 @@ TRIM = {"hidden_size": 64, "mamba_num_heads": 4, "mamba_head_dim": 16, "n_groups
         "hybrid_override_pattern": "M*M-", "num_hidden_layers": 4, "time_step_rank": 8,
         "initializer_range": 0.1}
 ATTN = 1  # the attention layer's index in "M*M-"
+PS = 4  # tokens per page
 PROMPTS = {"a": 3, "b": 9, "c": 17, "d": 26, "e": 12, "f": 5}  # prompt tokens; chunk_size 8, d_conv 4
 OUTPUTS = {"a": 3, "b": 8, "c": 6, "d": 8, "e": 5, "f": 4}  # tokens each request generates
 
@@ -55,6 +61,14 @@ def out_cache(out):
 @pytest.fixture(scope="module")
 def model():
     return build(torch.float32)
+
+
+@pytest.fixture(scope="module")
+def pool_model():
+    """The same weights, its attention reading the pool."""
+    model = build(torch.float32)
+    model.set_attn_implementation(register())
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -92,88 +106,101 @@ def reference(model, rid: str) -> tuple[list[int], torch.Tensor]:
 
 
 class PoolRun:
-    """Requests whose recurrent state lives in the pool; attention K/V kept per request."""
+    """Requests whose attention K/V live in the pool's token band and whose
+    recurrent state lives in its state band."""
 
     def __init__(self, model, compaction: str = "eager") -> None:
         states = layer_states(model)
-        kv_bytes = 2 * 2 * 16 * 4  # K and V, 2 heads x 16, fp32: one attention layer
+        kv = [LayerKV(ATTN, "full", 2, 16, 16, torch.float32)]
         layout = Layout(total_bytes=1 << 20, bands=[
             Band("mamba", entry_bytes=state_bytes(states), grow="up", unit="request"),
-            Band("full", entry_bytes=kv_bytes, grow="down", page_size=4, blocks_per_page=2)])
+            Band("full", entry_bytes=kv[0].token_bytes, grow="down", page_size=PS, blocks_per_page=2)])
         self.pool = UnifiedPool(layout, SimBackend(materialize=True), compaction=compaction)
         self.model = model
+        self.kv = KVViews(self.pool, kv)
         self.binder = StateBinder(model, StateViews(self.pool, states))
         self.sid: dict[str, int] = {}
-        self.kv: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # [Hkv, L, D] each
+        self.vids: dict[str, np.ndarray] = {}
         self.tokens: dict[str, list[int]] = {}
         self.logits: dict[str, list[torch.Tensor]] = {}
 
     def slots(self, rids) -> torch.Tensor:
         return torch.as_tensor(self.pool.translate([self.sid[r] for r in rids], "mamba"))
 
+    def kv_slots(self, rids) -> list[int]:
+        return np.concatenate([self.pool.translate(self.vids[r], "full") for r in rids]).tolist()
+
+    def forward(self, rids: list[str], new: np.ndarray, ids: torch.Tensor, layout: str, cache):
+        """One forward of `ids` (new tokens at vids `new`) with attention over the pool."""
+        lens = [len(self.vids[r]) for r in rids]
+        news = [ids.shape[1]] if layout == "packed" else [1] * len(rids)
+        pos = torch.cat([torch.arange(n - q, n) for n, q in zip(lens, news)]).reshape(ids.shape)
+        ctx = StepContext(
+            views=self.kv, layout=layout,
+            block_tables={"full": self.kv.block_table([self.vids[r][::PS] // PS for r in rids], "full")},
+            cu_q=torch.tensor(np.concatenate([[0], np.cumsum(news)]), dtype=torch.int32),
+            seq_lens=torch.tensor(lens, dtype=torch.int32),
+            write_slots={"full": torch.as_tensor(self.pool.translate(new, "full"))})
+        with use_step(ctx), torch.no_grad():
+            return self.model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True).logits
+
     def admit(self, rid: str) -> None:
+        """Prefill one request alone (the torch Mamba-2 path takes no packed batch)."""
         self.sid[rid] = int(self.pool.alloc_state("mamba", 1)[0])
+        n = PROMPTS[rid]
+        self.vids[rid] = np.asarray(self.pool.alloc_extend([0], [n], [0]))
         slots = self.slots([rid])
         cache = self.binder.before(slots, fresh=True)
-        with torch.no_grad():
-            out = self.model(input_ids=prompt(rid)[None], cache=cache, use_cache=True)
+        logits = self.forward([rid], self.vids[rid], prompt(rid)[None], "packed", cache)
         self.binder.after(cache, slots)
-        layer = cache.layers[ATTN]
-        self.kv[rid] = (layer.keys[0], layer.values[0])
-        self.record(rid, out.logits[0, -1])
+        self.record(rid, logits[0, -1])
 
     def record(self, rid: str, logits: torch.Tensor) -> None:
         self.tokens.setdefault(rid, []).append(int(logits.argmax()))
         self.logits.setdefault(rid, []).append(logits)
 
     def decode(self, rids: list[str]) -> None:
+        """One `[B, 1]` decode step of `rids`, state gathered from and scattered to their slots."""
+        seq = [len(self.vids[r]) + 1 for r in rids]
+        new = np.asarray(self.pool.alloc_decode(seq, [self.vids[r][-1] for r in rids]))
+        for r, v in zip(rids, new):
+            self.vids[r] = np.append(self.vids[r], v)
         slots = self.slots(rids)
         cache = self.binder.before(slots)
-        lens = [self.kv[r][0].shape[1] for r in rids]
-        longest = max(lens)
-        keys = torch.zeros((len(rids), 2, longest, 16))
-        values = torch.zeros_like(keys)
-        mask = torch.zeros((len(rids), longest + 1), dtype=torch.long)
-        for b, r in enumerate(rids):
-            keys[b, :, longest - lens[b]:], values[b, :, longest - lens[b]:] = self.kv[r]
-            mask[b, longest - lens[b]:] = 1
-        cache.update(keys, values, ATTN)
         ids = torch.tensor([[self.tokens[r][-1]] for r in rids])
-        pos = torch.tensor([[n] for n in lens])
-        with torch.no_grad():
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+        logits = self.forward(rids, new, ids, "padded", cache)
         self.binder.after(cache, slots)
-        layer = cache.layers[ATTN]
         for b, r in enumerate(rids):
-            k, v = self.kv[r]
-            self.kv[r] = (torch.cat([k, layer.keys[b, :, -1:]], 1), torch.cat([v, layer.values[b, :, -1:]], 1))
-            self.record(r, out.logits[b, -1])
+            self.record(r, logits[b, -1])
 
     def finish(self, rid: str) -> None:
+        self.pool.free(self.vids.pop(rid))
         self.pool.free_state("mamba", [self.sid.pop(rid)])
 
 
 @pytest.mark.parametrize("compaction", ["eager", "lazy"])
-def test_decode_through_pool_state_equals_transformers_generation(model, references, compaction):
-    run = PoolRun(model, compaction)
+def test_decode_through_pool_equals_transformers_generation(pool_model, references, compaction):
+    run = PoolRun(pool_model, compaction)
     running = ["a", "b", "c", "d"]
     for r in running:
         run.admit(r)
-    moved = 0
+    state_moved = kv_moved = 0
     for _step in range(8):
         done = [r for r in running if len(run.tokens[r]) == OUTPUTS[r]]
         for r in done:
             running.remove(r)
-            before = run.slots(running).tolist() if running else []
+            before = (run.slots(running).tolist(), run.kv_slots(running)) if running else ([], [])
             run.finish(r)
-            run.pool.flush(urgent=True)  # lazy: pack the band now, so slots move under the state
-            moved += sum(x != y for x, y in zip(before, run.slots(running).tolist()))
+            run.pool.flush(urgent=True)  # lazy: pack the bands now, so slots move under the data
+            if running:
+                state_moved += sum(x != y for x, y in zip(before[0], run.slots(running).tolist()))
+                kv_moved += sum(x != y for x, y in zip(before[1], run.kv_slots(running)))
         for r in [r for r in ("e", "f") if r not in run.tokens][:len(done)]:
             run.admit(r)  # a new request takes a freed slot between decode steps
             running.append(r)
         if running:
             run.decode(running)
-    assert moved > 0, "no live state slot moved: the test did not exercise compaction"
+    assert state_moved > 0 and kv_moved > 0, "no live slot moved: the test did not exercise compaction"
     assert set(run.tokens) == set(PROMPTS)
     for r in PROMPTS:
         tokens, logits = references[r]
@@ -182,10 +209,10 @@ def test_decode_through_pool_state_equals_transformers_generation(model, referen
     assert run.pool.verify() == []
 
 
-def test_decode_reads_the_state_from_the_slot(model, references):
+def test_decode_reads_the_state_from_the_slot(pool_model, references):
     """Control: zeroing a request's slot changes its next logits, so the
     equality above comes from the pool's bytes."""
-    run = PoolRun(model)
+    run = PoolRun(pool_model)
     for r in ("b", "c"):
         run.admit(r)
     run.decode(["b", "c"])
@@ -198,8 +225,8 @@ def test_decode_reads_the_state_from_the_slot(model, references):
     torch.testing.assert_close(run.logits["b"][2], references["b"][1][2], rtol=1e-4, atol=1e-4)
 
 
-def test_binder_refusals(model):
-    run = PoolRun(model)
+def test_binder_refusals(model, pool_model):
+    run = PoolRun(pool_model)
     states = layer_states(model)
     wrong = tuple(LayerState(s.layer, s.band, (("conv", (3, 3), torch.float32), s.tensors[1])) for s in states)
     layout = Layout(total_bytes=1 << 20, bands=[
@@ -215,8 +242,8 @@ def test_binder_refusals(model):
         run.binder.before(torch.cat([slots, slots]))
 
 
-def test_steady_decode_reuses_one_cache_and_empties_its_attention(model):
-    run = PoolRun(model)
+def test_steady_decode_reuses_one_cache_and_empties_its_attention(pool_model):
+    run = PoolRun(pool_model)
     for r in ("b", "c"):
         run.admit(r)
     run.decode(["b", "c"])
