@@ -144,15 +144,22 @@ class PoolRun:
         with use_step(ctx), torch.no_grad():
             return self.model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True).logits
 
-    def admit(self, rid: str) -> None:
-        """Prefill one request alone (the torch Mamba-2 path takes no packed batch)."""
+    def admit(self, rid: str, chunks: tuple[int, ...] | None = None) -> None:
+        """Prefill one request alone (the torch Mamba-2 path takes no packed
+        batch), in `chunks` (default: the whole prompt in one): a later
+        chunk gathers the state the earlier one left in the slot."""
         self.sid[rid] = int(self.pool.alloc_state("mamba", 1)[0])
-        n = PROMPTS[rid]
-        self.vids[rid] = np.asarray(self.pool.alloc_extend([0], [n], [0]))
+        self.vids[rid] = np.zeros(0, dtype=np.int64)
         slots = self.slots([rid])
-        cache = self.binder.before(slots, fresh=True)
-        logits = self.forward([rid], self.vids[rid], prompt(rid)[None], "packed", cache)
-        self.binder.after(cache, slots)
+        done = 0
+        for n in chunks or (PROMPTS[rid],):
+            last = self.vids[rid][-1] if done else 0
+            new = np.asarray(self.pool.alloc_extend([done], [done + n], [last]))
+            self.vids[rid] = np.concatenate([self.vids[rid], new])
+            cache = self.binder.before(slots, fresh=done == 0)
+            logits = self.forward([rid], new, prompt(rid)[None, done:done + n], "packed", cache)
+            self.binder.after(cache, slots)
+            done += n
         self.record(rid, logits[0, -1])
 
     def record(self, rid: str, logits: torch.Tensor) -> None:
@@ -183,7 +190,7 @@ def test_decode_through_pool_equals_transformers_generation(pool_model, referenc
     run = PoolRun(pool_model, compaction)
     running = ["a", "b", "c", "d"]
     for r in running:
-        run.admit(r)
+        run.admit(r, chunks=(11, 15) if r == "d" else None)  # d: a chunked prefill
     state_moved = kv_moved = 0
     for _step in range(8):
         done = [r for r in running if len(run.tokens[r]) == OUTPUTS[r]]
