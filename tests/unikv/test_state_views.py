@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from unikv import Band, Layout, UnifiedPool  # noqa: E402
-from unikv.backends import SimBackend  # noqa: E402
+from unikv.backends import CudaBackend, SimBackend  # noqa: E402
 from unikv.tensors import LayerState, StateViews  # noqa: E402
 
 CONV = (6, 3)  # bf16: 36 bytes
@@ -20,12 +20,17 @@ def layer(i: int, band: str = "mamba", conv_dtype=torch.bfloat16) -> LayerState:
     return LayerState(i, band, (("conv", CONV, conv_dtype), ("ssm", SSM, torch.float32)))
 
 
-def make_pool(compaction: str = "eager", entry: int = ENTRY) -> UnifiedPool:
+BACKENDS = ["sim", "cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
+
+
+def make_pool(compaction: str = "eager", entry: int = ENTRY, backend: str = "sim") -> UnifiedPool:
     layout = Layout(total_bytes=64 * 1024, bands=[
         Band("mamba", entry_bytes=entry, grow="up", unit="request"),
         Band("full", entry_bytes=64, grow="down", page_size=4, blocks_per_page=2),
     ])
-    return UnifiedPool(layout, SimBackend(materialize=True), compaction=compaction)
+    be = SimBackend(materialize=True) if backend == "sim" else CudaBackend(backend)
+    return UnifiedPool(layout, be, compaction=compaction)
 
 
 def fill(views: StateViews, slots, seed: int) -> dict:
@@ -35,8 +40,8 @@ def fill(views: StateViews, slots, seed: int) -> dict:
     for lyr in views.layers:
         for name, shape in (("conv", CONV), ("ssm", SSM)):
             t = views.get(lyr, name)
-            val = torch.randn((len(slots), *shape), generator=g).to(t.dtype)
-            t[torch.as_tensor(slots)] = val
+            val = torch.randn((len(slots), *shape), generator=g).to(device=t.device, dtype=t.dtype)
+            t[torch.as_tensor(slots, device=t.device)] = val
             out[(lyr, name)] = val
     return out
 
@@ -75,9 +80,10 @@ def test_state_writes_leave_token_band_bytes_alone():
     assert not buf[~written & (buf != 0) & (buf != 0xAB)].size
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("compaction", ["eager", "lazy"])
-def test_state_follows_its_slot_through_free_and_compaction(compaction):
-    pool = make_pool(compaction)
+def test_state_follows_its_slot_through_free_and_compaction(compaction, backend):
+    pool = make_pool(compaction, backend=backend)
     views = StateViews(pool, [layer(0), layer(1)])
     ssm = views.get(0, "ssm")
     ptr = ssm.data_ptr()
@@ -91,7 +97,8 @@ def test_state_follows_its_slot_through_free_and_compaction(compaction):
     survivors = pool.translate(ids[1:], "mamba")
     assert views.get(0, "ssm").data_ptr() == ptr  # the views never change
     for (lyr, name), val in wrote.items():
-        assert torch.equal(views.get(lyr, name)[torch.as_tensor(survivors)], val[1:])
+        view = views.get(lyr, name)
+        assert torch.equal(view[torch.as_tensor(survivors, device=view.device)], val[1:])
 
 
 def test_views_over_a_torch_buffer_share_its_memory():
