@@ -95,6 +95,14 @@ def layer_states(model, band: str = "mamba", *, conv_dtype=None, ssm_dtype=None)
                  for g in mamba2_layers(model))
 
 
+def cache_kwarg(model) -> str:
+    """The keyword `model.forward` takes its cache by: "cache" (transformers
+    5.24, where `past_key_values` is deprecated) or "past_key_values"."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def state_bytes(states: Sequence[LayerState]) -> int:
     """Bytes of one request's state (one slot) for `states`, without padding."""
     total = 0

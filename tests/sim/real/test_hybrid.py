@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 import numpy as np  # noqa: E402
 from unikv.sim.models import load_model  # noqa: E402
 from unikv.sim.real.attention import StepContext, register, use_step  # noqa: E402
-from unikv.sim.real.state import StateBinder, layer_states, mamba2_layers, state_bytes  # noqa: E402
+from unikv.sim.real.state import StateBinder, cache_kwarg, layer_states, mamba2_layers, state_bytes  # noqa: E402
 
 from unikv import Band, Layout, UnifiedPool  # noqa: E402
 from unikv.backends import SimBackend  # noqa: E402
@@ -142,7 +142,8 @@ class PoolRun:
             seq_lens=torch.tensor(lens, dtype=torch.int32),
             write_slots={"full": torch.as_tensor(self.pool.translate(new, "full"))})
         with use_step(ctx), torch.no_grad():
-            return self.model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True).logits
+            return self.model(input_ids=ids, position_ids=pos, use_cache=True,
+                              **{cache_kwarg(self.model): cache}).logits
 
     def admit(self, rid: str, chunks: tuple[int, ...] | None = None) -> None:
         """Prefill one request alone (the torch Mamba-2 path takes no packed
