@@ -129,6 +129,12 @@ class StateBinder:
     """
 
     def __init__(self, model, views: StateViews) -> None:
+        from transformers import DynamicCache
+
+        if not hasattr(DynamicCache, "update_conv_state"):
+            raise ValueError("StateBinder: this transformers' DynamicCache has no update_conv_state "
+                             "(the linear-attention cache API of transformers 5.24, cache_utils.py); "
+                             "expected a transformers with it")
         self.config = model.config
         self.layers = mamba2_layers(model)
         self.views = views
