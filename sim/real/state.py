@@ -125,7 +125,8 @@ class StateBinder:
             `model` with the shapes `layer_states(model)` gives.
     Raises:
         ValueError: a mixer's layer is missing from `views` or its shape
-            differs (named).
+            differs (named), or transformers' `DynamicCache` lacks the
+            linear-attention API (`update_conv_state`, transformers 5.24).
     """
 
     def __init__(self, model, views: StateViews) -> None:
@@ -163,8 +164,10 @@ class StateBinder:
                 a new cache whose recurrent layers are empty, so the model
                 runs its own from-zero path; False: their state is gathered.
         Returns:
-            The cache to pass to the model (`cache=`); its attention layers
-            are empty.
+            The cache to pass to the model (`**{cache_kwarg(model): cache}`);
+            its attention layers are empty.
+        Raises:
+            ValueError: host `slots` that repeat a slot.
         """
         from transformers import DynamicCache
 
@@ -173,15 +176,8 @@ class StateBinder:
         idx = self._index(slots)
         cache = self._cache if self._cache is not None and self._cache_batch == len(idx) else None
         if cache is None:
-            cache = DynamicCache(config=self.config)
-            for g in self.layers:
-                conv = self.views.get(g.layer, "conv")
-                full = conv.new_zeros((len(idx), g.conv_dim, g.d_conv))
-                full[..., 1:] = conv[idx]  # the oldest column never reaches a kept output
-                cache.update_conv_state(full, g.layer, conv_kernel_size=g.d_conv)
-                cache.update_recurrent_state(self.views.get(g.layer, "ssm")[idx], g.layer)
-            self._cache, self._cache_batch = cache, len(idx)
-            return cache
+            self._cache, self._cache_batch = self._new_cache(idx), len(idx)
+            return self._cache
         linear = {g.layer for g in self.layers}
         for i, layer in enumerate(cache.layers):
             if i not in linear:
@@ -189,6 +185,20 @@ class StateBinder:
         for g in self.layers:
             cache.get_conv_state(g.layer)[..., 1:] = self.views.get(g.layer, "conv")[idx]
             torch_index_select(self.views.get(g.layer, "ssm"), idx, cache.get_recurrent_state(g.layer))
+        return cache
+
+    def _new_cache(self, idx: torch.Tensor) -> Any:
+        """A cache holding the state of slots `idx`, through transformers'
+        own cache API (it allocates the layers' tensors)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.config)
+        for g in self.layers:
+            conv = self.views.get(g.layer, "conv")
+            full = conv.new_zeros((len(idx), g.conv_dim, g.d_conv))
+            full[..., 1:] = conv[idx]  # the oldest column never reaches a kept output
+            cache.update_conv_state(full, g.layer, conv_kernel_size=g.d_conv)
+            cache.update_recurrent_state(self.views.get(g.layer, "ssm")[idx], g.layer)
         return cache
 
     def after(self, cache, slots) -> None:
