@@ -114,7 +114,7 @@ class PoolRun:
 
     def __init__(self, model, compaction: str = "eager") -> None:
         states = layer_states(model)
-        kv = [LayerKV(ATTN, "full", 2, 16, 16, torch.float32)]
+        kv = [LayerKV(ATTN, "full", 2, 16, 16, model.dtype)]
         layout = Layout(total_bytes=1 << 20, bands=[
             Band("mamba", entry_bytes=state_bytes(states), grow="up", unit="request"),
             Band("full", entry_bytes=kv[0].token_bytes, grow="down", page_size=PS, blocks_per_page=2)])
@@ -267,3 +267,35 @@ def test_steady_decode_reuses_one_cache_and_empties_its_attention(pool_model):
     assert again is first and again.get_recurrent_state(0).data_ptr() == ssm_ptr
     run.binder.after(again, slots)
     assert run.binder.before(slots[:1]) is not first  # another batch size: a new cache
+
+
+def test_bf16_state_round_trips_through_the_pool_bit_exactly():
+    """At the engine's dtypes (conv bf16, SSM fp32) the pool loses nothing:
+    decoding with the state gathered from and scattered to a slot that moves
+    gives bit-identical logits to keeping it in transformers' own cache."""
+    model = build(torch.bfloat16)
+    model.set_attn_implementation(register())
+    assert {t[2] for s in layer_states(model) for t in s.tensors} == {torch.bfloat16, torch.float32}
+    pooled, own = PoolRun(model), PoolRun(model)
+    filler = pooled.pool.alloc_state("mamba", 2)  # freed below: the request's slot then moves
+    pooled.admit("c")
+    own.sid["c"] = 0
+    own.vids["c"] = np.asarray(own.pool.alloc_extend([0], [PROMPTS["c"]], [0]))
+    cache = transformers.DynamicCache(config=model.config)
+    own.record("c", own.forward(["c"], own.vids["c"], prompt("c")[None], "packed", cache)[0, -1])
+    slot = int(pooled.slots(["c"])[0])
+    pooled.pool.free_state("mamba", filler)
+    assert int(pooled.slots(["c"])[0]) != slot
+    for _ in range(4):
+        pooled.decode(["c"])
+        seq = len(own.vids["c"]) + 1
+        new = np.asarray(own.pool.alloc_decode([seq], [own.vids["c"][-1]]))
+        own.vids["c"] = np.append(own.vids["c"], new)
+        for layer in cache.layers:
+            if not hasattr(layer, "conv_states"):
+                layer.reset()  # the attention K/V live in the pool
+        ids = torch.tensor([[own.tokens["c"][-1]]])
+        own.record("c", own.forward(["c"], new, ids, "padded", cache)[0, -1])
+    assert pooled.tokens["c"] == own.tokens["c"]
+    for a, b in zip(pooled.logits["c"], own.logits["c"]):
+        assert torch.equal(a, b)
