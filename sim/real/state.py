@@ -1,0 +1,239 @@
+"""Recurrent state in the pool's state slots, bound to a transformers model around each forward.
+
+transformers' torch Mamba-2 path (Nemotron-H: `NemotronHMamba2Mixer.forward`
+in transformers/models/nemotron_h/modeling_nemotron_h.py) reads and writes its
+state through the cache object (`Cache.get_conv_state`,
+`update_conv_state`, `update_recurrent_state`; the layers are
+`LinearAttentionLayer` in transformers/cache_utils.py), one dense
+`[B, ...]` tensor per layer. The pool keeps each request's state in one slot
+of a state band (`unikv.tensors.StateViews`). `StateBinder.before` gathers
+the batch's slots into a fresh `DynamicCache`; `after` scatters the updated
+states back into the same slots.
+
+Layout in a slot, per recurrent layer (ascending layer index):
+- `conv`: `(conv_dim, d_conv - 1)` in the model dtype. vLLM and SGLang keep
+  `d_conv - 1` columns (vLLM `MambaStateShapeCalculator.mamba2_state_shape`),
+  and so does unikv's sizing (`sim/model_states.py`). transformers keeps
+  `d_conv` columns (`LinearAttentionLayer.lazy_initialization` sizes
+  `conv_states` by `conv_kernel_size`), but the oldest one only reaches conv
+  outputs it discards (`causal_conv1d_update` keeps `out[..., -seq_len:]`),
+  so the gather fills it with zeros and the forward is unchanged.
+- `ssm`: `(heads, head_dim, d_state)` in fp32: `mamba2_chunk_scan` returns
+  the final state in fp32 and the decode update keeps the cache's dtype
+  (Nemotron-H's `mamba_ssm_cache_dtype` defaults to "float32").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from unikv.tensors import LayerState, StateViews
+
+if TYPE_CHECKING:
+    import torch
+
+_MIXER_FIELDS = ("layer_idx", "conv_dim", "conv_kernel_size", "num_heads", "head_dim", "ssm_state_size")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mamba2Geometry:
+    """The per-request state shape of one Mamba-2 layer.
+
+    Attributes:
+        layer: the model's layer index.
+        conv_dim: conv channels (`intermediate + 2 * n_groups * d_state`).
+        d_conv: the conv kernel width (the pool keeps `d_conv - 1` columns).
+        heads, head_dim, d_state: the SSM state is `(heads, head_dim, d_state)`.
+    """
+
+    layer: int
+    conv_dim: int
+    d_conv: int
+    heads: int
+    head_dim: int
+    d_state: int
+
+
+def mamba2_layers(model) -> tuple[Mamba2Geometry, ...]:
+    """The Mamba-2 mixers of a transformers model, in layer order.
+
+    A mixer is a module with transformers' Mamba-2 fields
+    (`NemotronHMamba2Mixer`: layer_idx, conv_dim, conv_kernel_size,
+    num_heads, head_dim, ssm_state_size).
+
+    Raises:
+        ValueError: the model has no such mixer.
+    """
+    found = [m for m in model.modules() if all(hasattr(m, f) for f in _MIXER_FIELDS)]
+    if not found:
+        raise ValueError(f"model {type(model).__name__}: no Mamba-2 mixer (a module with "
+                         f"{', '.join(_MIXER_FIELDS)})")
+    return tuple(sorted(
+        (Mamba2Geometry(layer=m.layer_idx, conv_dim=m.conv_dim, d_conv=m.conv_kernel_size,
+                        heads=m.num_heads, head_dim=m.head_dim, d_state=m.ssm_state_size)
+         for m in found), key=lambda g: g.layer))
+
+
+def layer_states(model, band: str = "mamba", *, conv_dtype=None, ssm_dtype=None) -> tuple[LayerState, ...]:
+    """The `LayerState` of every Mamba-2 layer of `model`, for `StateViews`.
+
+    Args:
+        model: a transformers model with Mamba-2 mixers.
+        band: the pool's state band.
+        conv_dtype: the conv state's dtype; None: the model's dtype (what
+            transformers' cache keeps).
+        ssm_dtype: the SSM state's dtype; None: fp32 (see the module doc).
+    """
+    import torch
+
+    conv_dtype = model.dtype if conv_dtype is None else conv_dtype
+    ssm_dtype = torch.float32 if ssm_dtype is None else ssm_dtype
+    return tuple(LayerState(g.layer, band, (("conv", (g.conv_dim, g.d_conv - 1), conv_dtype),
+                                            ("ssm", (g.heads, g.head_dim, g.d_state), ssm_dtype)))
+                 for g in mamba2_layers(model))
+
+
+def cache_kwarg(model) -> str:
+    """The keyword `model.forward` takes its cache by: "cache" (transformers
+    5.24, where `past_key_values` is deprecated) or "past_key_values"."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def state_bytes(states: Sequence[LayerState]) -> int:
+    """Bytes of one request's state (one slot) for `states`, without padding."""
+    total = 0
+    for s in states:
+        for _, shape, dtype in s.tensors:
+            n = dtype.itemsize
+            for d in shape:
+                n *= d
+            total += n
+    return total
+
+
+class StateBinder:
+    """Gathers a batch's recurrent state from the pool into a transformers
+    cache before a forward, and scatters it back after.
+
+    Args:
+        model: the transformers model (its Mamba-2 mixers name the layers).
+        views: `StateViews` over the pool, holding every Mamba-2 layer of
+            `model` with the shapes `layer_states(model)` gives.
+    Raises:
+        ValueError: a mixer's layer is missing from `views` or its shape
+            differs (named), or transformers' `DynamicCache` lacks the
+            linear-attention API (`update_conv_state`, transformers 5.24).
+    """
+
+    def __init__(self, model, views: StateViews) -> None:
+        from transformers import DynamicCache
+
+        if not hasattr(DynamicCache, "update_conv_state"):
+            raise ValueError("StateBinder: this transformers' DynamicCache has no update_conv_state "
+                             "(the linear-attention cache API of transformers 5.24, cache_utils.py); "
+                             "expected a transformers with it")
+        self.config = model.config
+        self.layers = mamba2_layers(model)
+        self.views = views
+        self._cache: Any = None  # the last batch's cache, reused while its batch size holds
+        self._cache_batch = 0
+        for g in self.layers:
+            conv, ssm = views.get(g.layer, "conv"), views.get(g.layer, "ssm")
+            want = ((g.conv_dim, g.d_conv - 1), (g.heads, g.head_dim, g.d_state))
+            if (tuple(conv.shape[1:]), tuple(ssm.shape[1:])) != want:
+                raise ValueError(f"StateBinder: layer {g.layer}: views hold conv {tuple(conv.shape[1:])}, "
+                                 f"ssm {tuple(ssm.shape[1:])}; the model needs conv {want[0]}, ssm {want[1]}")
+
+    def before(self, slots, *, fresh: bool = False) -> Any:
+        """A `DynamicCache` for one forward over the requests in `slots`.
+
+        The cache of the last non-fresh call is reused while the batch size
+        stays the same: its attention layers are emptied (`reset`) and the
+        state is gathered straight into its tensors, so a steady decode
+        allocates nothing and holds one copy of the batch's state. Call
+        `after` before the next `before`.
+
+        Args:
+            slots: physical state slots in batch order (`pool.translate(
+                state_ids, band)`), shape `[B]`.
+            fresh: the requests start from no state (a first prefill chunk):
+                a new cache whose recurrent layers are empty, so the model
+                runs its own from-zero path; False: their state is gathered.
+        Returns:
+            The cache to pass to the model (`**{cache_kwarg(model): cache}`);
+            its attention layers are empty.
+        Raises:
+            ValueError: host `slots` that repeat a slot.
+        """
+        from transformers import DynamicCache
+
+        if fresh:
+            return DynamicCache(config=self.config)
+        idx = self._index(slots)
+        cache = self._cache if self._cache is not None and self._cache_batch == len(idx) else None
+        if cache is None:
+            self._cache, self._cache_batch = self._new_cache(idx), len(idx)
+            return self._cache
+        linear = {g.layer for g in self.layers}
+        for i, layer in enumerate(cache.layers):
+            if i not in linear:
+                layer.reset()  # attention K/V of the last forward: the pool holds them
+        for g in self.layers:
+            cache.get_conv_state(g.layer)[..., 1:] = self.views.get(g.layer, "conv")[idx]
+            torch_index_select(self.views.get(g.layer, "ssm"), idx, cache.get_recurrent_state(g.layer))
+        return cache
+
+    def _new_cache(self, idx: torch.Tensor) -> Any:
+        """A cache holding the state of slots `idx`, through transformers'
+        own cache API (it allocates the layers' tensors)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.config)
+        for g in self.layers:
+            conv = self.views.get(g.layer, "conv")
+            full = conv.new_zeros((len(idx), g.conv_dim, g.d_conv))
+            full[..., 1:] = conv[idx]  # the oldest column never reaches a kept output
+            cache.update_conv_state(full, g.layer, conv_kernel_size=g.d_conv)
+            cache.update_recurrent_state(self.views.get(g.layer, "ssm")[idx], g.layer)
+        return cache
+
+    def after(self, cache, slots) -> None:
+        """Write the states `cache` holds after the forward back into `slots`
+        (the same slots, in the same order, as `before`).
+
+        Raises:
+            ValueError: a layer's state is missing from `cache` or its batch
+                differs from `slots`.
+        """
+        idx = self._index(slots)
+        for g in self.layers:
+            conv = cache.get_conv_state(g.layer)
+            ssm = cache.get_recurrent_state(g.layer)
+            if conv is None or ssm is None or conv.shape[0] != len(idx) or ssm.shape[0] != len(idx):
+                raise ValueError(f"StateBinder.after: layer {g.layer}: the cache holds no state for "
+                                 f"the {len(idx)} requests of slots (did the forward run with this cache?)")
+            # index_put: on the CPU several times faster than index_copy_ into the strided view
+            self.views.get(g.layer, "conv")[idx] = conv[..., 1:].to(self.views.get(g.layer, "conv").dtype)
+            self.views.get(g.layer, "ssm")[idx] = ssm.to(self.views.get(g.layer, "ssm").dtype)
+
+    def _index(self, slots) -> torch.Tensor:
+        """`slots` as an int64 index on the views' device; repeats are
+        refused for host slots (a device tensor is not read back: no sync)."""
+        import torch
+
+        device = self.views.get(self.layers[0].layer, "ssm").device
+        idx = torch.as_tensor(slots, dtype=torch.int64).reshape(-1)
+        if idx.device.type == "cpu" and len(set(idx.tolist())) != idx.numel():
+            raise ValueError(f"StateBinder: slots={idx.tolist()} repeat a slot")
+        return idx.to(device)
+
+
+def torch_index_select(src: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> None:
+    """`out[:] = src[idx]` without a temporary (rows of a strided pool view)."""
+    import torch
+
+    torch.index_select(src, 0, idx, out=out)
