@@ -271,12 +271,22 @@ def _run(config, progress, trace_df, hw) -> RunResult:
                      time.perf_counter() - t0)
 
 
+def load_hardware(config: RunConfig):
+    """The accelerator a run is charged on: `config.gpu` (a bundled GPU),
+    else `config.hardware` (a bundled name or a file).
+
+    Raises:
+        ValueError: an unknown GPU or a bad hardware file (one line, named).
+    """
+    return cost_model.load_gpu(config.gpu) if config.gpu else cost_model.HardwareSpec.load(config.hardware)
+
+
 def _hardware(config: RunConfig, hw):
-    """(spec, bundled GPU name or None, where the spec came from) of a run:
-    `config.gpu`, else `config.hardware`; a `hw` the caller passes wins (it
-    keeps the config's name and source when it is the spec they load)."""
+    """(spec, bundled GPU name or None, where the spec came from) of a run
+    (`load_hardware`); a `hw` the caller passes wins (it keeps the config's
+    name and source when it is the spec they load)."""
     name = config.gpu or config.hardware
-    loaded = cost_model.load_gpu(name) if config.gpu else cost_model.HardwareSpec.load(name)
+    loaded = load_hardware(config)
     gpu = name if name in cost_model.gpu_names() else None
     if hw is None or hw == loaded:
         return loaded, gpu, spec_source(name)

@@ -40,3 +40,16 @@ def test_a_known_gpu_is_charged_and_recorded_in_the_summary(tmp_path):
     assert run_cli(["replay", *SHORT, "--out", tmp_path / "h200"]).rc == 0
     fast = json.loads((tmp_path / "h200" / "summary.json").read_text())["summary"]
     assert fast["gpu"] == "h200" and fast["busy_time_s"] < slow  # the A100 is charged slower steps
+
+
+def test_compare_charges_every_cell_on_the_selected_gpu(tmp_path):
+    res = run_cli(["compare", "--gpu", "b200", "--trace-end-s", "5", "--layouts", "end_end",
+                   "--compactions", "lazy", "--quiet", "--out", tmp_path / "cmp"])
+    assert res.rc == 0, res.stderr
+    summaries = sorted((tmp_path / "cmp").rglob("summary.json"))
+    assert len(summaries) == 2  # end_end and the oracle
+    for path in summaries:
+        doc = json.loads(path.read_text())
+        assert doc["identity"]["hardware"]["name"] == "B200-HGX"
+        assert (doc["summary"]["gpu"], doc["summary"]["gpu_spec_source"]) == (
+            "b200", "bundled sim/data/hardware/b200.json")

@@ -208,3 +208,27 @@ def test_the_repository_read_pattern_catches_the_old_reads():
     old = 'HardwareSpec.from_results(Path(__file__).resolve().parents[1] / "results" / "kernels")'
     assert REPO_READ.search(old) and REPO_READ.search('open("results/kernels/move_pages.csv")')
     assert REPO_READ.search('REPO.parent / "shared" / "traces"')
+
+
+# -- which spec a run is charged on, and what its summary says ---------------------------
+
+def test_a_run_records_its_gpu_and_a_spec_passed_by_the_caller_says_so():
+    from unikv.sim.config import RunConfig
+    from unikv.sim.run import _hardware, load_hardware
+
+    assert load_hardware(RunConfig(gpu="l40s")) == HardwareSpec.load("l40s")
+    assert _hardware(RunConfig(), None)[1:] == ("h200", "bundled sim/data/hardware/h200.json")
+    same = _hardware(RunConfig(gpu="h20"), HardwareSpec.load("h20"))
+    assert same[1:] == ("h20", "bundled sim/data/hardware/h20.json")
+    custom = HardwareSpec.h200().with_(mfu=0.7)
+    got = _hardware(RunConfig(), custom)
+    assert got == (custom, None, "HardwareSpec 'H200-SXM' passed to sim.run.run")
+
+
+def test_the_config_refuses_an_unknown_gpu_and_a_gpu_beside_a_hardware_file():
+    from unikv.sim.config import RunConfig
+
+    with pytest.raises(ValueError, match="gpu='v100' is not a bundled GPU; known: a100-40gb, "):
+        RunConfig(gpu="v100")
+    with pytest.raises(ValueError, match="both name the accelerator"):
+        RunConfig(gpu="h200", hardware="mine.json")
