@@ -300,14 +300,13 @@ def plan_grid(args: argparse.Namespace) -> tuple[list[Cell], pd.DataFrame, objec
         ValueError / OSError: bad input anywhere in the grid (an option,
             a model, a static ratio, the trace, the hardware, --out).
     """
-    from unikv.sim.cost import HardwareSpec
     from unikv.sim.outdir import check_out_dir
-    from unikv.sim.run import load_trace
+    from unikv.sim.run import load_hardware, load_trace
 
     base = _config(args, layout="oracle")
     check_out_dir(args.out)
     models = {name: load_model(name) for name in (args.models or [base.model])}
-    hw = HardwareSpec.load(base.hardware)
+    hw = load_hardware(base)  # --gpu NAME or --hardware NAME_OR_FILE
     df = load_trace(base)
     cells = []
     for name, model in models.items():

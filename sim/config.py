@@ -131,6 +131,8 @@ class RunConfig:
             bucket spread).
         check_every: verify pool invariants and page accounting every N
             steps (0: never; tests use 1).
+        gpu: a bundled GPU spec by name (`sim.hardware.gpu_names()`);
+            None: `hardware` names the accelerator.
         hardware: the accelerator's cost coefficients: a bundled name
             (`sim.cost.hardware_names()`) or a hardware JSON file
             (`HardwareSpec.load`; docs/cost_model.md).
@@ -155,6 +157,7 @@ class RunConfig:
     seed: int = _opt(0, "seed of sampled trace transforms (Poisson arrivals, spread)")
     check_every: int = _opt(0, "verify pool invariants every N steps (0: never)")
     hardware: str = _opt("h200", "bundled hardware name (h200) or a hardware JSON file (docs/cost_model.md)")
+    gpu: str | None = _opt(None, "bundled GPU spec by name (h200, h100-sxm, b200, ...; default: --hardware's)")
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
@@ -166,6 +169,7 @@ class RunConfig:
         check_kv_cache_dtype(self.kv_cache_dtype)
         if not isinstance(self.hardware, str) or not self.hardware:
             raise ValueError(f"hardware={self.hardware!r} must be a bundled hardware name or a file path")
+        _check_gpu(self)
         _check_numbers(self)
         _check_trace_window(self)
         _check_applies(self)
@@ -179,6 +183,20 @@ class RunConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _check_gpu(config: RunConfig) -> None:
+    """Refuse an unknown `gpu` (one line listing the bundled ones), or a
+    `gpu` given beside a non-default `hardware` (which of the two?)."""
+    if config.gpu is None:
+        return
+    from unikv.sim.hardware import gpu_names
+
+    if not isinstance(config.gpu, str) or config.gpu not in gpu_names():
+        raise ValueError(f"gpu={config.gpu!r} is not a bundled GPU; known: {', '.join(gpu_names())}")
+    if config.hardware != "h200":
+        raise ValueError(f"gpu={config.gpu!r} and hardware={config.hardware!r} both name the accelerator; "
+                         "give one (--gpu NAME for a bundled spec, --hardware FILE for your own)")
 
 
 def _check_int(name: str, value, *, minimum: int) -> None:

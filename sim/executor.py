@@ -46,7 +46,9 @@ class CostModelExecutor:
         memory: the memory layer the steps allocate from (its backend makes
             the events; its totals feed `kv_bytes.from_totals`).
         step_cost: (prefill_tokens, decode_tokens, kv_bytes_read, moved_bytes)
-            -> seconds of one engine step.
+            -> seconds of one engine step; one with a `shape_of(plan, memory)`
+            method (`sim.cost.EngineStepCost`) also gets that as a fifth
+            argument (the step's chunks and contexts, for attention FLOPs).
         kv_bytes: batch -> KV bytes its attention reads per step (with
             `from_totals`, as `sim.run.KVRead`, read from the running
             requests' totals when the batch is all of them).
@@ -64,6 +66,8 @@ class CostModelExecutor:
             self._kv_totals = None
         # moved bytes (an int or an array) -> seconds the cost model charges
         self.move_time_s = getattr(step_cost, "move_time_s", _no_move_time)
+        # a cost model that charges attention by context (sim.cost) takes the step's shape
+        self._shape_of = getattr(step_cost, "shape_of", None)
 
     def launch(self, plan: StepPlan) -> Any:
         return self.mem.new_event(f"step {plan.index}")
@@ -74,6 +78,8 @@ class CostModelExecutor:
             kv = self._kv_totals(len(plan.prefill) + decoders, self.mem.held_seq, self.mem.held_window)
         else:
             kv = self.kv_bytes(plan.batch())
+        if self._shape_of is not None:
+            return self.step_cost(plan.prefill_tokens, decoders, kv, moved_bytes, self._shape_of(plan, self.mem))
         return self.step_cost(plan.prefill_tokens, decoders, kv, moved_bytes)
 
     def done(self, event: Any) -> None:

@@ -152,6 +152,12 @@ class ModelSpec:
         architecture: the config's `architectures[0]` (None: unknown).
         model_type: the config's `model_type` (None: unknown).
         kv_cache_dtype: of KV_CACHE_DTYPES.
+        attention_pair_flops: (full, window) FLOPs of one query token on one
+            attended position, summed over the band's attention layers (2 x
+            query heads x (head_dim_k + head_dim_v) per layer; the roofline's
+            attention term, `sim.roofline`); None: unknown.
+        routed_experts / experts_per_token: an MoE model's routed experts per
+            MoE layer and the top-k each token picks (None: dense or unknown).
         conv_state_dtype / ssm_state_dtype: of STATE_ELEMENT_DTYPES.
         sources: where each number came from.
     """
@@ -176,6 +182,9 @@ class ModelSpec:
     architecture: str | None = None
     model_type: str | None = None
     kv_cache_dtype: str = "bf16"
+    attention_pair_flops: tuple[int, int] | None = None
+    routed_experts: int | None = None
+    experts_per_token: int | None = None
     conv_state_dtype: str = "bf16"
     ssm_state_dtype: str = "bf16"
     sources: Mapping[str, str] = field(default_factory=dict, hash=False)
@@ -185,7 +194,8 @@ class ModelSpec:
         for name in ("full_layers", "swa_layers", "state_layers", "full_token_bytes",
                      "swa_token_bytes", "state_bytes", "meta_tokens"):
             check_int(owner, name, getattr(self, name), minimum=0)
-        for name in ("weight_bytes", "params_total", "params_active", "max_context_tokens"):
+        for name in ("weight_bytes", "params_total", "params_active", "max_context_tokens",
+                     "routed_experts", "experts_per_token"):
             if getattr(self, name) is not None:
                 check_int(owner, name, getattr(self, name), minimum=1)
         for layers, nbytes in (("full_layers", "full_token_bytes"), ("swa_layers", "swa_token_bytes"),
@@ -200,6 +210,16 @@ class ModelSpec:
         if self.meta_tokens and not (self.full_layers or self.swa_layers):
             raise ValueError(f"{owner}: meta_tokens={self.meta_tokens} needs attention layers")
         self._check_dtypes(owner)
+        if self.attention_pair_flops is not None and not (
+                isinstance(self.attention_pair_flops, tuple) and len(self.attention_pair_flops) == 2):
+            raise ValueError(f"{owner}: attention_pair_flops={self.attention_pair_flops!r} must be "
+                             "(full, window) FLOPs or None")
+        for value in self.attention_pair_flops or ():
+            check_int(owner, "attention_pair_flops", value, minimum=0)
+        if (self.routed_experts is None) != (self.experts_per_token is None) or \
+                (self.routed_experts or 0) < (self.experts_per_token or 0):
+            raise ValueError(f"{owner}: routed_experts={self.routed_experts!r} and experts_per_token="
+                             f"{self.experts_per_token!r} must both be given, top-k <= experts, or neither")
         if (self.params_active or 0) > (self.params_total or float("inf")):
             raise ValueError(f"{owner}: params_active={self.params_active} exceeds "
                              f"params_total={self.params_total}")

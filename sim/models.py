@@ -44,6 +44,23 @@ def _bundled() -> tuple[dict[str, dict], dict[str, dict]]:
     return models, _read_data("params.json")["models"]
 
 
+@cache
+def _compute() -> dict[str, dict]:
+    return _read_data("compute.json")["models"]
+
+
+def _compute_fields(model_id: str | None) -> dict[str, Any]:
+    """The roofline's extra figures of a bundled model (`sim/data/compute.json`;
+    absent: none, and the roofline charges no attention FLOPs, every expert)."""
+    entry = _compute().get(model_id or "")
+    if entry is None:
+        return {}
+    pair = entry["attention_pair_flops"]
+    moe = entry.get("moe", {})
+    return {"attention_pair_flops": (pair["full"], pair["window"]),
+            "routed_experts": moe.get("routed_experts"), "experts_per_token": moe.get("experts_per_token")}
+
+
 def list_models() -> list[str]:
     """Names of the bundled models, sorted."""
     return sorted(_bundled()[0])
@@ -109,7 +126,7 @@ def _from_entry(entry: dict, params: dict, state_dtype: str, kv_cache_dtype: str
         name=entry["id"], token_kinds=tokens, state_kinds=states, state_dtypes=dtypes,
         meta_tokens=entry.get("meta_tokens", 0), architecture=entry.get("architecture"),
         model_type=entry.get("model_type"), kv_cache_dtype=kv_cache_dtype,
-        sources=sources | _param_sources(params), **_param_fields(params))
+        sources=sources | _param_sources(params), **_param_fields(params), **_compute_fields(entry["id"]))
 
 
 def _param_fields(params: dict) -> dict[str, Any]:
@@ -155,7 +172,7 @@ def _from_config_file(path: Path, state_dtype: str, kv_cache_dtype: str) -> Mode
         sizes.pop("max_context_tokens", None)  # the config's own value wins
     # the model's own type (e.g. qwen3_5_moe), not its text config's (qwen3_5_moe_text)
     model_type = raw.get("model_type") if isinstance(raw.get("model_type"), str) else spec.model_type
-    return dataclasses.replace(spec, sources=sources, model_type=model_type, **sizes)
+    return dataclasses.replace(spec, sources=sources, model_type=model_type, **sizes, **_compute_fields(known))
 
 
 # Bytes per parameter of the dtypes a checkpoint declares (`torch_dtype` / `dtype`).

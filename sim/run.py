@@ -21,6 +21,7 @@ from unikv.sim.config import TRACE_FIELDS, RunConfig
 from unikv.sim.engine import Simulation
 from unikv.sim.engines import rules as engine_rules
 from unikv.sim.fit import max_request_tokens
+from unikv.sim.hardware import spec_source
 from unikv.sim.layouts import ContextTooLongError, RequestTooLargeError, build_layout, check_fits
 from unikv.sim.memory import Memory
 from unikv.sim.models import load_model
@@ -227,7 +228,7 @@ def layout_plan(config: RunConfig, model):
 
 def _run(config, progress, trace_df, hw) -> RunResult:
     t0 = time.perf_counter()
-    hw = hw or cost_model.HardwareSpec.load(config.hardware)  # first: a bad file fails before the replay
+    hw, gpu, hw_source = _hardware(config, hw)  # first: a bad file fails before the replay
     df = load_trace(config) if trace_df is None else trace_df
     state, model = engine_model(config)
     plan = layout_plan(config, model)
@@ -244,8 +245,9 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     memory = Memory(pool, window_tokens=model.window_tokens if model.swa_layers else None,
                     block_tokens=block, meta_tokens=model.meta_tokens,
                     state_slots_per_request=state.state_slots_per_request)
+    step_cost, step_time_model = cost_model.step_cost_model(model, hw, gpu)
     sim = Simulation(
-        reqs, memory, step_cost=cost_model.EngineStepCost(model, hw), kv_bytes=KVRead(model),
+        reqs, memory, step_cost=step_cost, kv_bytes=KVRead(model),
         max_running=max_running,
         prefill_tokens_per_step=config.scheduler.prefill_tokens_per_step, max_tokens=limit,
         reserve=(config.scheduler.reserve_init, config.scheduler.reserve_min,
@@ -257,6 +259,9 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     steps, requests = sim.recorder.steps_frame(), sim.recorder.requests_frame()
     summary = summarize(steps, requests, pool.stats())
     summary["max_request_tokens"] = limit
+    summary.update(gpu=gpu, gpu_spec_source=hw_source, step_time_model=step_time_model)
+    if hasattr(step_cost, "extrapolated_steps"):  # a profile: steps outside its grids, flagged
+        summary["step_time_extrapolated_steps"] = step_cost.extrapolated_steps
     identity = _identity(config, df, model, plan)
     identity["engine_rules"] = {"engine": state.engine, "state_dtype": state.state_dtype,
                                 "state_slots_per_request": state.state_slots_per_request,
@@ -264,6 +269,28 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     identity["hardware"] = hw.as_dict()  # every coefficient the run was charged at, with its provenance
     return RunResult(config, identity, steps, requests, summary, sim.violations,
                      time.perf_counter() - t0)
+
+
+def load_hardware(config: RunConfig):
+    """The accelerator a run is charged on: `config.gpu` (a bundled GPU),
+    else `config.hardware` (a bundled name or a file).
+
+    Raises:
+        ValueError: an unknown GPU or a bad hardware file (one line, named).
+    """
+    return cost_model.load_gpu(config.gpu) if config.gpu else cost_model.HardwareSpec.load(config.hardware)
+
+
+def _hardware(config: RunConfig, hw):
+    """(spec, bundled GPU name or None, where the spec came from) of a run
+    (`load_hardware`); a `hw` the caller passes wins (it keeps the config's
+    name and source when it is the spec they load)."""
+    name = config.gpu or config.hardware
+    loaded = load_hardware(config)
+    gpu = name if name in cost_model.gpu_names() else None
+    if hw is None or hw == loaded:
+        return loaded, gpu, spec_source(name)
+    return hw, None, f"HardwareSpec {hw.name!r} passed to sim.run.run"
 
 
 def _request_limit(plan, config: RunConfig, reqs: list[Request], slots: int = 1) -> int:

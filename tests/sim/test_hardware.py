@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 from unikv.sim.cost import COEFFICIENTS, HardwareSpec, hardware_names
+from unikv.sim.hardware import load_gpu, spec_source
+
+DATASHEET = ("peak_flops", "hbm_bytes_per_s", "hbm_capacity_bytes")
+GPUS = ["a100-40gb", "a100-80gb-sxm", "b200", "h100-pcie", "h100-sxm", "h20", "h200", "l40s", "mi300x"]
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("derive_hardware", ROOT / "benchmarks" / "derive_hardware.py")
@@ -19,13 +23,49 @@ def _package_file(name: str) -> dict:
     return json.loads(resources.files("unikv.sim").joinpath(f"data/hardware/{name}.json").read_text())
 
 
-def test_loaded_coefficients_equal_the_package_data_file():
-    assert hardware_names() == ["h200"]
-    data = _package_file("h200")
-    hw = HardwareSpec.h200()
+@pytest.mark.parametrize("name", GPUS)
+def test_loaded_coefficients_equal_the_package_data_file(name):
+    assert hardware_names() == GPUS
+    data = _package_file(name)
+    hw = HardwareSpec.load(name)
     assert hw.as_dict() == data
     assert {c: getattr(hw, c) for c in COEFFICIENTS} == {c: data["coefficients"][c]["value"] for c in COEFFICIENTS}
-    assert HardwareSpec.load("h200") == hw == HardwareSpec.from_dict(hw.as_dict())
+    assert load_gpu(name) == hw == HardwareSpec.from_dict(hw.as_dict())
+
+
+@pytest.mark.parametrize("name", [g for g in GPUS if g != "h200"])
+def test_other_gpus_are_datasheet_figures_with_references_and_say_what_is_assumed(name):
+    prov = HardwareSpec.load(name).provenance
+    for c in DATASHEET:
+        assert prov[c]["kind"] == "datasheet" and prov[c]["references"], c
+    for c in ("mfu", "mbu", "move_bytes_per_s", "step_overhead_s"):
+        assert prov[c]["kind"] == "assumption" and "assumption" in prov[c]["source"], c
+
+
+def test_the_h200_keeps_its_measured_move_bandwidth_and_others_scale_it_by_bandwidth():
+    h200, h100 = HardwareSpec.h200(), HardwareSpec.load("h100-sxm")
+    assert h200.provenance["move_bytes_per_s"]["kind"] == "measured"
+    ratio = h200.move_bytes_per_s / h200.hbm_bytes_per_s
+    assert h100.move_bytes_per_s == pytest.approx(ratio * h100.hbm_bytes_per_s, rel=1e-9)
+
+
+def test_datasheet_figures_are_dense_bf16_and_binary_gigabytes():
+    # dense = half the 2:4-sparse figure the NVIDIA sheets headline
+    assert HardwareSpec.load("h100-sxm").peak_flops == 989.4e12
+    assert HardwareSpec.load("b200").peak_flops == 2.25e15
+    assert HardwareSpec.load("mi300x").hbm_capacity_bytes == 192 * 2**30
+    assert HardwareSpec.load("a100-40gb").hbm_capacity_bytes == 40 * 2**30
+
+
+def test_an_unknown_gpu_is_one_line_listing_the_known_ones():
+    with pytest.raises(ValueError) as info:
+        load_gpu("h300")
+    assert str(info.value) == "gpu='h300' is not a bundled GPU; known: " + ", ".join(GPUS)
+
+
+def test_the_spec_source_names_the_bundled_file_or_the_users_path(tmp_path):
+    assert spec_source("b200") == "bundled sim/data/hardware/b200.json"
+    assert spec_source(tmp_path / "x.json") == str((tmp_path / "x.json").resolve())
 
 
 def test_the_run_charges_the_measured_page_move_bandwidth_of_before():
@@ -88,8 +128,8 @@ def test_not_json_and_unknown_names_are_refused(tmp_path):
     (tmp_path / "x.json").write_text("{not json")
     with pytest.raises(ValueError, match="not JSON"):
         HardwareSpec.load(tmp_path / "x.json")
-    with pytest.raises(ValueError, match=r"neither a bundled name \['h200'\] nor a file"):
-        HardwareSpec.load("b200")
+    with pytest.raises(ValueError, match=r"neither a bundled name \['a100-40gb', .*\] nor a file"):
+        HardwareSpec.load("b300")
 
 
 def test_with_replaces_coefficients_and_says_so_in_the_provenance():
@@ -168,3 +208,27 @@ def test_the_repository_read_pattern_catches_the_old_reads():
     old = 'HardwareSpec.from_results(Path(__file__).resolve().parents[1] / "results" / "kernels")'
     assert REPO_READ.search(old) and REPO_READ.search('open("results/kernels/move_pages.csv")')
     assert REPO_READ.search('REPO.parent / "shared" / "traces"')
+
+
+# -- which spec a run is charged on, and what its summary says ---------------------------
+
+def test_a_run_records_its_gpu_and_a_spec_passed_by_the_caller_says_so():
+    from unikv.sim.config import RunConfig
+    from unikv.sim.run import _hardware, load_hardware
+
+    assert load_hardware(RunConfig(gpu="l40s")) == HardwareSpec.load("l40s")
+    assert _hardware(RunConfig(), None)[1:] == ("h200", "bundled sim/data/hardware/h200.json")
+    same = _hardware(RunConfig(gpu="h20"), HardwareSpec.load("h20"))
+    assert same[1:] == ("h20", "bundled sim/data/hardware/h20.json")
+    custom = HardwareSpec.h200().with_(mfu=0.7)
+    got = _hardware(RunConfig(), custom)
+    assert got == (custom, None, "HardwareSpec 'H200-SXM' passed to sim.run.run")
+
+
+def test_the_config_refuses_an_unknown_gpu_and_a_gpu_beside_a_hardware_file():
+    from unikv.sim.config import RunConfig
+
+    with pytest.raises(ValueError, match="gpu='v100' is not a bundled GPU; known: a100-40gb, "):
+        RunConfig(gpu="v100")
+    with pytest.raises(ValueError, match="both name the accelerator"):
+        RunConfig(gpu="h200", hardware="mine.json")

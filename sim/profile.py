@@ -1,0 +1,286 @@
+"""Measured step times of one model on one GPU, and a step cost that interpolates them.
+
+A profile (`sim/data/profiles/<model>__<gpu>.json`, format in
+docs/cost_model.md, "Profiles") holds forward times measured by the real
+executor over grids: prefill (chunk tokens x cached tokens), decode (batch
+x context tokens), mixed steps (chunk tokens x batch, at one reference
+context), and the non-forward time of a step. `ProfileStepCost` is called
+as the roofline is (`sim.cost.EngineStepCost`):
+
+    step = non_forward_s + forward(shape) + move
+
+Interpolation is bilinear in log space (log1p of each axis, log of the
+time), so a power law between grid points is exact. A query outside a grid
+is extrapolated along the edge cell's log-log slope and flagged: the step
+cost counts such steps (`extrapolated_steps`, in the run's summary), it
+never clamps silently and never refuses mid-replay.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+FORMAT = "unikv-step-profile"
+VERSION = 1
+PROVENANCE_FIELDS = ("gpu_name", "driver", "torch", "triton", "date", "command", "git_revision")
+"""What every profile must say about how it was measured (more keys may follow)."""
+GRIDS = {"prefill": ("chunk_tokens", "cached_tokens"), "decode": ("batch", "context_tokens"),
+         "mixed": ("chunk_tokens", "batch")}
+"""Each grid's (row axis, column axis); `forward_s[i][j]` is at (row[i], column[j])."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Grid:
+    """Forward seconds over a 2-D grid, interpolated in log space.
+
+    Attributes:
+        rows / cols: strictly increasing non-negative axis points (>= 2 each).
+        forward_s: seconds, `forward_s[i][j]` at (rows[i], cols[j]), all > 0.
+    """
+
+    rows: tuple[float, ...]
+    cols: tuple[float, ...]
+    forward_s: tuple[tuple[float, ...], ...]
+
+    def __call__(self, row: float, col: float) -> tuple[float, bool]:
+        """(seconds at (row, col), whether the point lies outside the grid)."""
+        i, u, out_r = _cell(self.rows, row)
+        j, v, out_c = _cell(self.cols, col)
+        t = self.forward_s
+        log_t = ((1 - u) * (1 - v) * math.log(t[i][j]) + u * (1 - v) * math.log(t[i + 1][j])
+                 + (1 - u) * v * math.log(t[i][j + 1]) + u * v * math.log(t[i + 1][j + 1]))
+        return math.exp(log_t), out_r or out_c
+
+
+def _cell(axis: tuple[float, ...], x: float) -> tuple[int, float, bool]:
+    """(index of the cell holding x, x's fraction across it in log1p space,
+    outside): outside the axis, the edge cell and a fraction < 0 or > 1."""
+    k = min(max(bisect.bisect_right(axis, x) - 1, 0), len(axis) - 2)
+    lo, hi = math.log1p(axis[k]), math.log1p(axis[k + 1])
+    return k, (math.log1p(x) - lo) / (hi - lo), not axis[0] <= x <= axis[-1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepProfile:
+    """One model's measured step times on one GPU (the profile file, validated).
+
+    Attributes:
+        model / gpu: what was measured (a bundled model name, a bundled GPU name).
+        provenance: at least PROVENANCE_FIELDS, each a non-empty string.
+        non_forward_s: seconds of a step outside its forward (scheduling,
+            allocator, launches), measured from the real executor.
+        prefill / decode / mixed: the grids (GRIDS names their axes).
+        mixed_context_tokens: the decoders' context in the mixed grid (its
+            chunks attend no cached tokens).
+        moe_touch: (batch tokens, experts touched) pairs measured, or ().
+        path: the file it was read from (None: built in memory).
+    """
+
+    model: str
+    gpu: str
+    provenance: Mapping[str, str]
+    non_forward_s: float
+    prefill: Grid
+    decode: Grid
+    mixed: Grid
+    mixed_context_tokens: int
+    moe_touch: tuple[tuple[int, float], ...] = ()
+    path: Path | None = None
+
+    @classmethod
+    def load(cls, path: str | Path) -> StepProfile:
+        """Read and validate a profile file.
+
+        Raises:
+            ValueError: not JSON, or a field missing or out of range: one
+                line naming the file and the field.
+        """
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"profile {str(path)!r}: cannot read it as JSON ({exc})") from None
+        try:
+            return cls.from_dict(data, path=path)
+        except ValueError as exc:
+            raise ValueError(f"profile {str(path)!r}: {exc}") from None
+
+    @classmethod
+    def from_dict(cls, data: Any, *, path: Path | None = None) -> StepProfile:
+        """The profile a file's JSON describes (docs/cost_model.md, "Profiles").
+
+        Raises:
+            ValueError: a missing, unknown or out-of-range field, named.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError("the top level must be a JSON object")
+        known = {"format", "version", "model", "gpu", "provenance", "non_forward_s", "moe_touch", *GRIDS}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown fields {unknown}; valid: {sorted(known)}")
+        for name in ("format", "version", "model", "gpu", "provenance", "non_forward_s", *GRIDS):
+            if name not in data:
+                raise ValueError(f"missing field {name!r}")
+        if data["format"] != FORMAT or data["version"] != VERSION:
+            raise ValueError(f"format={data['format']!r}, version={data['version']!r}: expected "
+                             f"{FORMAT!r}, {VERSION}")
+        for name in ("model", "gpu"):
+            if not isinstance(data[name], str) or not data[name]:
+                raise ValueError(f"{name}={data[name]!r} must be a non-empty string")
+        mixed = data["mixed"]
+        context = mixed.get("context_tokens") if isinstance(mixed, Mapping) else None
+        if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+            raise ValueError(f"mixed.context_tokens={context!r} must be a positive integer")
+        return cls(model=data["model"], gpu=data["gpu"], provenance=_provenance(data["provenance"]),
+                   non_forward_s=_number("non_forward_s", data["non_forward_s"], low=0.0),
+                   prefill=_grid("prefill", data["prefill"]), decode=_grid("decode", data["decode"]),
+                   mixed=_grid("mixed", data["mixed"], extra=("context_tokens",)),
+                   mixed_context_tokens=context, moe_touch=_moe_touch(data.get("moe_touch", [])), path=path)
+
+    def forward_s(self, *, chunk_tokens: float, cached_tokens: float, batch: int,
+                  context_tokens: float) -> tuple[float, bool]:
+        """(forward seconds of a step, whether any grid was extrapolated).
+
+        Args:
+            chunk_tokens / cached_tokens: the step's prefill tokens and the
+                cached context they attend (0 / 0: no prefill).
+            batch / context_tokens: decoders and their mean context (0: none).
+
+        A mixed step is the mixed grid at (chunk, batch) plus how the
+        prefill grid moves from 0 cached tokens to `cached_tokens` and how
+        the decode grid moves from the mixed grid's reference context to
+        `context_tokens` (the two context effects assumed additive).
+        """
+        if batch == 0:
+            return self.prefill(chunk_tokens, cached_tokens)
+        if chunk_tokens == 0:
+            return self.decode(batch, context_tokens)
+        base, out_m = self.mixed(chunk_tokens, batch)
+        pre, out_p = self.prefill(chunk_tokens, cached_tokens)
+        pre0, out_0 = self.prefill(chunk_tokens, 0)
+        dec, out_d = self.decode(batch, context_tokens)
+        dec0, out_r = self.decode(batch, self.mixed_context_tokens)
+        total = base + (pre - pre0) + (dec - dec0)
+        return max(total, 0.0), out_m or out_p or out_0 or out_d or out_r
+
+
+def _provenance(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"provenance={value!r} must be an object")
+    for name in PROVENANCE_FIELDS:
+        if not isinstance(value.get(name), str) or not value[name]:
+            raise ValueError(f"provenance.{name}={value.get(name)!r} must be a non-empty string")
+    return dict(value)
+
+
+def _number(name: str, value: Any, *, low: float, open_low: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not (value > low if open_low else value >= low):
+        raise ValueError(f"{name}={value!r} must be a finite number {'>' if open_low else '>='} {low}")
+    return float(value)
+
+
+def _axis(name: str, value: Any) -> tuple[float, ...]:
+    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) < 2:
+        raise ValueError(f"{name}={value!r} must be a list of at least 2 numbers")
+    points = tuple(_number(f"{name}[{i}]", v, low=0.0) for i, v in enumerate(value))
+    if any(b <= a for a, b in zip(points, points[1:])):
+        raise ValueError(f"{name}={list(value)!r} must be strictly increasing")
+    return points
+
+
+def _grid(name: str, value: Any, extra: tuple[str, ...] = ()) -> Grid:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name}={value!r} must be an object")
+    row_name, col_name = GRIDS[name]
+    unknown = sorted(set(value) - {row_name, col_name, "forward_s", *extra})
+    if unknown:
+        raise ValueError(f"{name}: unknown fields {unknown}; valid: {[row_name, col_name, 'forward_s', *extra]}")
+    rows, cols = _axis(f"{name}.{row_name}", value.get(row_name)), _axis(f"{name}.{col_name}", value.get(col_name))
+    table = value.get("forward_s")
+    if not isinstance(table, Sequence) or len(table) != len(rows):
+        raise ValueError(f"{name}.forward_s must be a list of {len(rows)} rows (one per {row_name})")
+    out = []
+    for i, row in enumerate(table):
+        if not isinstance(row, Sequence) or len(row) != len(cols):
+            raise ValueError(f"{name}.forward_s[{i}] must hold {len(cols)} numbers (one per {col_name})")
+        out.append(tuple(_number(f"{name}.forward_s[{i}][{j}]", v, low=0.0, open_low=True)
+                         for j, v in enumerate(row)))
+    return Grid(rows=rows, cols=cols, forward_s=tuple(out))
+
+
+def _moe_touch(value: Any) -> tuple[tuple[int, float], ...]:
+    if not isinstance(value, Mapping) and value == []:
+        return ()
+    if not isinstance(value, Mapping) or set(value) != {"batch_tokens", "experts_touched"}:
+        raise ValueError(f"moe_touch={value!r} must be an object with 'batch_tokens' and 'experts_touched'")
+    tokens, touched = value["batch_tokens"], value["experts_touched"]
+    if not isinstance(tokens, list) or not isinstance(touched, list) or len(tokens) != len(touched):
+        raise ValueError("moe_touch.batch_tokens and moe_touch.experts_touched must be lists of one length")
+    return tuple((int(_number(f"moe_touch.batch_tokens[{i}]", n, low=1.0)),
+                  _number(f"moe_touch.experts_touched[{i}]", e, low=0.0)) for i, (n, e) in enumerate(zip(tokens, touched)))
+
+
+def profile_path(model: str, gpu: str, profiles_dir: Path | None = None) -> Path:
+    """Where the profile of (model, gpu) lives: `<dir>/<model>__<gpu>.json`
+    (default dir: the bundled `sim/data/profiles/`)."""
+    root = Path(str(resources.files("unikv.sim").joinpath("data", "profiles"))) if profiles_dir is None \
+        else Path(profiles_dir)
+    return root / f"{model}__{gpu}.json"
+
+
+def effective_cached_tokens(prefill: Sequence[tuple[int, int]]) -> tuple[int, float]:
+    """(chunk tokens C, cached tokens p) of one chunk attending as many
+    (query, key) pairs as the step's chunks do together:
+    C p + C (C + 1) / 2 = sum of c_i p_i + c_i (c_i + 1) / 2 (p >= 0)."""
+    chunk = sum(c for c, _ in prefill)
+    if chunk == 0:
+        return 0, 0.0
+    pairs = sum(c * p + c * (c + 1) / 2 for c, p in prefill)
+    return chunk, max(0.0, (pairs - chunk * (chunk + 1) / 2) / chunk)
+
+
+class ProfileStepCost:
+    """Step times interpolated from a `StepProfile`, called as the roofline is
+    (`sim.cost.EngineStepCost`): `(prefill_tokens, decode_tokens,
+    kv_bytes_read, moved_bytes, shape) -> seconds`, page moves charged at
+    the accelerator's `move_bytes_per_s`.
+
+    Args:
+        profile: the measurements.
+        hw: the accelerator (its move bandwidth).
+        window_tokens: the model's window (None: none), for `shape_of`.
+    """
+
+    def __init__(self, profile: StepProfile, hw, window_tokens: int | None = None) -> None:
+        from unikv.sim.roofline import shape_of
+
+        self.profile, self.hw = profile, hw
+        self.name = f"profile:{profile.path.name if profile.path else profile.model}"
+        self.extrapolated_steps = 0
+        self.shape_of = lambda plan, memory: shape_of(plan, memory, window_tokens)
+
+    def __call__(self, prefill_tokens: int, decode_tokens: int, kv_bytes_read: int,
+                 moved_bytes: int, shape=None) -> float:
+        move_s = self.move_time_s(moved_bytes)
+        if prefill_tokens + decode_tokens == 0:
+            return move_s
+        if shape is None:
+            raise ValueError("ProfileStepCost needs the step's shape (its chunks and contexts)")
+        chunk, cached = effective_cached_tokens(shape.prefill)
+        context = shape.decode_context_tokens / decode_tokens if decode_tokens else 0.0
+        forward, outside = self.profile.forward_s(chunk_tokens=chunk, cached_tokens=cached,
+                                                  batch=decode_tokens, context_tokens=context)
+        self.extrapolated_steps += outside
+        return self.profile.non_forward_s + forward + move_s
+
+    def move_time_s(self, moved_bytes):
+        """Seconds the page moves take (an int or an array of byte counts)."""
+        return 2 * moved_bytes / self.hw.move_bytes_per_s
