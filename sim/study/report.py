@@ -26,6 +26,7 @@ else:  # the study extra installs tomli there (as sim.study.spec reads it)
 DATASET = "study.parquet"
 STEPS = "steps"
 REPORT = "report.md"
+ANSWERS = "answers.parquet"
 FIGURES = "figures"
 DEFAULT_ROOT = Path("results/studies")
 
@@ -220,7 +221,11 @@ def group_section(key: dict, rows: pd.DataFrame, fig_dir: Path, slug: str) -> tu
               "Goodput in requests/s within the objectives (attainment in brackets; * where every "
               "percentile target holds).", "", md_table(_goodput_table(rows, x)), ""]
     lines += [f"![{p.stem}]({FIGURES}/{p.name})" for p in paths] + [""]
-    return lines, answers.assign(group=name)
+    gain_cols = gains.rename(columns={"layout": "label"})[
+        ["label", "baseline", "gain", "gain_low", "gain_high"]] if not gains.empty else None
+    if gain_cols is not None:
+        answers = answers.merge(gain_cols, on="label", how="left")
+    return lines, answers.assign(**key)
 
 
 def _objective_lines(df: pd.DataFrame) -> list[str]:
@@ -283,6 +288,8 @@ def write_report(df: pd.DataFrame, out_dir: Path, *, study_dir: Path | None = No
         run_id: the run whose capacity over time is drawn (default: see
             `capacity_section`).
 
+    Also writes `out_dir/answers.parquet` (`answers_frame`).
+
     Returns:
         The report's path.
 
@@ -308,11 +315,25 @@ def write_report(df: pd.DataFrame, out_dir: Path, *, study_dir: Path | None = No
     budgets = budget_answers(rows)
     if not budgets.empty:
         lines += ["## Smallest KV budget sustaining a rate", "", md_table(budgets), ""]
-    lines += capacity_section(df, pd.concat(all_answers), study_dir or out_dir, fig_dir, run_id)
+    every = pd.concat(all_answers, ignore_index=True)
+    lines += capacity_section(df, every, study_dir or out_dir, fig_dir, run_id)
     lines += _unfinished_lines(df)
+    answers_frame(every).to_parquet(out_dir / ANSWERS, index=False)
     path = out_dir / REPORT
     path.write_text("\n".join(lines))
     return path
+
+
+def answers_frame(answers: pd.DataFrame) -> pd.DataFrame:
+    """The answers as a table (`answers.parquet`): one row per group key
+    and label, the maximum rate as a scale (`max_rate_scale`, `miss_scale`)
+    and in req/s, the gap left, whether the rows were monotone, the gain."""
+    out = answers.drop(columns=["threshold"]).rename(columns={
+        "value": "max_rate_scale", "miss": "miss_scale", "value_rps": "max_rate_rps",
+        "miss_rps": "miss_rps", "gap": "rel_gap"})
+    out["monotone"] = [not inv for inv in out["inversions"]]
+    out["inversions"] = [repr(list(inv)) if inv else None for inv in out["inversions"]]
+    return out
 
 
 def study_dir_of(study_path: Path) -> Path:

@@ -83,6 +83,12 @@ def test_report_from_the_dataset_alone(study, monkeypatch):
     assert all((study / report.FIGURES / f).stat().st_size > 1000 for f in figures)
     for name in figures:
         assert f"]({report.FIGURES}/{name})" in text
+    table = pd.read_parquet(study / report.ANSWERS)
+    assert len(table) == 3 + 2 and set(table["kv_budget_gib"]) == {0.25, 0.5, 1.0}
+    row = table[(table["label"] == "end_end") & (table["kv_budget_gib"] == 0.5)].iloc[0]
+    assert row["baseline"] in ("sglang", "vllm") and row["monotone"]
+    base = table[(table["label"] == row["baseline"]) & (table["kv_budget_gib"] == 0.5)].iloc[0]
+    assert row["gain"] == pytest.approx(row["max_rate_scale"] / base["max_rate_scale"])
     assert len(titles) == len(figures) == 3 * 3 + 1  # three budget groups, one capacity figure
     for text in titles:
         assert all(part in text for part in ("azure_conv", "gpt-oss-20b", "h200", "GiB KV")), text
