@@ -24,8 +24,10 @@ from typing import Any
 
 from unikv.sim.models import ModelSpec
 
-COEFFICIENTS = ("peak_flops", "hbm_bytes_per_s", "mfu", "mbu", "move_bytes_per_s", "step_overhead_s")
-"""The numbers the cost model uses, in the order of a hardware file's `coefficients`."""
+COEFFICIENTS = ("peak_flops", "hbm_bytes_per_s", "mfu", "mbu", "move_bytes_per_s", "step_overhead_s",
+                "hbm_capacity_bytes")
+"""The numbers a hardware file gives, in the order of its `coefficients`
+(all but hbm_capacity_bytes are step-time terms; the capacity sizes KV budgets)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +46,9 @@ class HardwareSpec:
         mbu: achievable fraction of hbm_bytes_per_s (0, 1].
         move_bytes_per_s: page-move bandwidth, bytes read + written per second.
         step_overhead_s: fixed time per step (scheduling, launches), seconds.
+        hbm_capacity_bytes: the accelerator's HBM, bytes (the datasheet's
+            "GB" of HBM are binary: 141 GB on an H200 is 141 * 2**30 bytes;
+            see docs/cost_model.md).
         provenance: per coefficient, where it came from: at least `source`
             (a sentence), and for measured ones the benchmark, command,
             machine, date, file and rows it was derived from.
@@ -57,6 +62,7 @@ class HardwareSpec:
     mbu: float
     move_bytes_per_s: float
     step_overhead_s: float
+    hbm_capacity_bytes: int
     provenance: Mapping[str, Mapping[str, Any]] = field(hash=False)
     description: str = ""
 
@@ -68,6 +74,10 @@ class HardwareSpec:
         for name in ("mfu", "mbu"):
             _check_number(name, getattr(self, name), low=0.0, open_low=True, high=1.0)
         _check_number("step_overhead_s", self.step_overhead_s, low=0.0)
+        if isinstance(self.hbm_capacity_bytes, bool) or not isinstance(self.hbm_capacity_bytes, int) \
+                or self.hbm_capacity_bytes <= 0:
+            raise ValueError(f"HardwareSpec: hbm_capacity_bytes={self.hbm_capacity_bytes!r} "
+                             "must be a positive integer (bytes)")
         for name in COEFFICIENTS:
             entry = self.provenance.get(name) if isinstance(self.provenance, Mapping) else None
             if not isinstance(entry, Mapping) or not isinstance(entry.get("source"), str):

@@ -94,6 +94,7 @@ def _demo(argv: Sequence[str]) -> int:
     sub.add_parser("compare", help="replay a trace against a grid of layouts (unikv compare -h)")
     sub.add_parser("traces", help="describe / convert request traces (unikv traces -h)")
     sub.add_parser("models", help="list / describe models: bytes per token and request (unikv models -h)")
+    sub.add_parser("study", help="run a study grid on Ray into one Parquet dataset (unikv study -h)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return run_demo(args.compaction, args.steps, args.seed)
@@ -106,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return guarded(_traces, argv[1:])
     if argv[:1] == ["models"]:
         return guarded(_models, argv[1:])
+    if argv[:1] == ["study"]:
+        from unikv.sim.study_cmd import study
+
+        return study(argv[1:])  # guarded there
     if argv[:1] in (["replay"], ["compare"]):
         from unikv.sim import cli as sim_cli
 

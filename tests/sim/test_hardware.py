@@ -34,6 +34,15 @@ def test_the_run_charges_the_measured_page_move_bandwidth_of_before():
     assert HardwareSpec.h200().move_bytes_per_s == 3960900000000.0
 
 
+def test_the_h200_capacity_is_the_datasheets_binary_141_gb_and_what_the_device_reports_fits_it():
+    hw = HardwareSpec.h200()
+    assert hw.hbm_capacity_bytes == 141 * 2**30
+    # nvidia-smi's memory.total on the project's H200 (143771 MiB) is above
+    # 141e9 bytes: the datasheet's GB cannot be decimal
+    reported = hw.provenance["hbm_capacity_bytes"]["device_reported_bytes"]
+    assert 141e9 < reported <= hw.hbm_capacity_bytes
+
+
 def test_a_users_file_loads_and_its_provenance_travels(tmp_path):
     data = HardwareSpec.h200().as_dict()
     data["name"] = "my-gpu"
@@ -62,6 +71,9 @@ def _bad(tmp_path, mutate) -> str:
     (lambda d: d["coefficients"].update(tflops={"value": 1, "source": "x"}), "unknown coefficients ['tflops']"),
     (lambda d: d["coefficients"]["mbu"].update(value=1.5), "mbu=1.5"),
     (lambda d: d["coefficients"]["peak_flops"].update(value="fast"), "peak_flops='fast'"),
+    (lambda d: d["coefficients"].pop("hbm_capacity_bytes"), "missing ['hbm_capacity_bytes']"),
+    (lambda d: d["coefficients"]["hbm_capacity_bytes"].update(value=141.5e9), "hbm_capacity_bytes=141500000000.0"),
+    (lambda d: d["coefficients"]["hbm_capacity_bytes"].update(value=0), "hbm_capacity_bytes=0"),
     (lambda d: d["coefficients"]["step_overhead_s"].pop("value"), "coefficients.step_overhead_s"),
     (lambda d: d["coefficients"]["hbm_bytes_per_s"].pop("source"), "provenance of hbm_bytes_per_s"),
     (lambda d: d.pop("coefficients"), "missing field 'coefficients'"),

@@ -1,0 +1,131 @@
+"""Run a study's missing runs on Ray, one task per run, and write the dataset.
+
+Resume is by row files: a run whose `rows/<run_id>.json` exists is done and
+skipped; every other run is a Ray task, and its row is written (by the
+driver, atomically) the moment it finishes, so a crash or Ctrl-C loses
+only the runs in flight. Ray runs locally on this machine's cores unless
+an `address` names a cluster; an already-initialised Ray (a test's
+cluster) is used as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from unikv.sim.study.dataset import read_rows, write_dataset, write_row
+from unikv.sim.study.execute import FAILED, INAPPLICABLE, execute
+from unikv.sim.study.grid import RunSpec, expand
+from unikv.sim.study.spec import Study
+
+DATASET = "study.parquet"
+ROWS = "rows"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyOutcome:
+    """What one `run_study` did.
+
+    Attributes:
+        total: runs in the study.
+        skipped: runs whose row file already existed.
+        executed: runs this call ran (rows written).
+        failed, inapplicable: of all rows now present.
+        remaining: runs still without a row (`max_runs` stopped short).
+        dataset: the Parquet file.
+    """
+
+    total: int
+    skipped: int
+    executed: int
+    failed: int
+    inapplicable: int
+    remaining: int
+    dataset: Path
+
+
+def _start_ray(address: str | None) -> bool:
+    """Initialise Ray unless it is; True when this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(address=address, num_cpus=None if address else os.cpu_count(), include_dashboard=False,
+             log_to_driver=False, logging_level="ERROR")
+    return True
+
+
+def _run_on_ray(todo: list[RunSpec], rows_dir: Path, on_row: Callable[[dict], None] | None) -> int:
+    """Run `todo` as Ray tasks, writing each row as it lands; returns rows written.
+
+    On KeyboardInterrupt the tasks in flight are cancelled and it re-raises."""
+    import ray
+
+    task = ray.remote(num_cpus=1, max_retries=0)(execute)
+    pending = [task.remote(spec) for spec in todo]
+    written = 0
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            row = ray.get(ready[0])
+            write_row(rows_dir, row)
+            written += 1
+            if on_row is not None:
+                on_row(row)
+    except KeyboardInterrupt:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
+    return written
+
+
+def run_study(study: Study, out_dir: Path, *, address: str | None = None, max_runs: int | None = None,
+              on_start: Callable[[int], None] | None = None, on_row: Callable[[dict], None] | None = None,
+              study_file: Path | None = None) -> StudyOutcome:
+    """Run every run of `study` without a row in `out_dir`, then write the dataset.
+
+    Args:
+        out_dir: the study's folder (docs/studies.md, "Output folder").
+        address: a Ray cluster's address; None: a local Ray (or the one
+            already initialised).
+        max_runs: run at most this many of the missing runs.
+        on_start: called with the number of runs about to run (the progress display).
+        on_row: called with each row as it is written.
+        study_file: copied to `out_dir/study.toml`.
+
+    Raises:
+        ValueError: a study the expansion refuses (`grid.expand`).
+        KeyboardInterrupt: Ctrl-C; the rows written so far stay, the
+            dataset is rewritten from them.
+    """
+    specs = expand(study)
+    out_dir = Path(out_dir)
+    rows_dir = out_dir / ROWS
+    rows_dir.mkdir(parents=True, exist_ok=True)
+    if study_file is not None:
+        shutil.copyfile(study_file, out_dir / "study.toml")
+    done = {p.stem for p in rows_dir.glob("*.json")}
+    todo = [s for s in specs if s.run_id not in done]
+    if max_runs is not None:
+        todo = todo[:max_runs]
+    if on_start is not None:
+        on_start(len(todo))
+    executed = 0
+    started = False
+    try:
+        if todo:
+            started = _start_ray(address)
+            executed = _run_on_ray(todo, rows_dir, on_row)
+    finally:
+        rows = read_rows(rows_dir, [s.run_id for s in specs])
+        write_dataset(out_dir / DATASET, rows)
+        if started:
+            import ray
+            ray.shutdown()
+    statuses = [r["status"] for r in rows]
+    return StudyOutcome(total=len(specs), skipped=len(done & {s.run_id for s in specs}), executed=executed,
+                        failed=statuses.count(FAILED), inapplicable=statuses.count(INAPPLICABLE),
+                        remaining=len(specs) - len(rows), dataset=out_dir / DATASET)

@@ -1,0 +1,93 @@
+"""A study expanded into runs: the grid, content-addressed run ids, derived loads."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from unikv.sim.study.grid import expand
+from unikv.sim.study.spec import parse_study
+
+from unikv import traces
+
+STUDY = {
+    "study": {"name": "g", "seeds": [0, 1]},
+    "traces": [{"trace": "azure_conv", "window_s": [0.0, 20.0], "rate_scales": [1.0, 2.0]}],
+    "models": {"names": ["gemma-3-12b"]},
+    "budgets": [{"gib": 1.0}],
+    "layouts": {"kinds": ["end_end", "oracle"], "compactions": ["lazy", "eager"]},
+}
+
+
+def _ids(data) -> list[str]:
+    return [s.run_id for s in expand(parse_study(data))]
+
+
+def test_the_grid_is_every_combination_once():
+    specs = expand(parse_study(STUDY))
+    # 2 seeds x 2 rates x (end_end lazy + eager, oracle)
+    assert len(specs) == len({s.run_id for s in specs}) == 12
+    labels = sorted({s.columns["label"] for s in specs})
+    assert labels == ["end_end/eager", "end_end/lazy", "oracle"]
+
+
+def test_the_same_inputs_give_the_same_ids_in_another_process():
+    code = ("import json, sys; from unikv.sim.study.grid import expand; from unikv.sim.study.spec import "
+            "parse_study; print(json.dumps([s.run_id for s in expand(parse_study(json.loads(sys.argv[1])))]))")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(STUDY)], capture_output=True, text=True,
+                         check=True, env={"PYTHONHASHSEED": "123", "PATH": ""})
+    assert json.loads(out.stdout) == _ids(STUDY)
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    (["traces", 0, "window_s"], [0.0, 21.0]),
+    (["traces", 0, "rate_scales"], [1.5, 2.5]),
+    (["budgets", 0, "gib"], 1.25),
+    (["scheduler"], {"max_running": 32}),
+    (["models", "kv_cache_dtype"], "fp8_e4m3"),
+    (["layouts", "page_size"], 32),
+])
+def test_a_changed_input_changes_the_ids(path, value):
+    data = copy.deepcopy(STUDY)
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    assert not set(_ids(data)) & set(_ids(STUDY))
+
+
+def test_a_trace_enters_by_content_not_by_path(tmp_path):
+    src = traces.samples.path("azure_conv")
+    copy_ = tmp_path / src.name
+    shutil.copyfile(src, copy_)
+    data = copy.deepcopy(STUDY)
+    data["traces"][0]["trace"] = str(copy_)
+    assert _ids(data) == _ids(STUDY)
+    lines = copy_.read_text().splitlines(keepends=True)
+    copy_.write_text("".join(lines[:-1]))  # drop the last request: another trace
+    assert not set(_ids(data)) & set(_ids(STUDY))
+
+
+def test_target_rates_become_rate_scales_of_the_slice():
+    data = copy.deepcopy(STUDY)
+    data["traces"][0] = {"trace": "azure_conv", "window_s": [0.0, 60.0], "rates_rps": [1.0, 3.0]}
+    data["study"]["seeds"] = [0]
+    specs = [s for s in expand(parse_study(data)) if s.columns["label"] == "oracle"]
+    df = traces.window(traces.load_sample("azure_conv"), start_s=0.0, end_s=60.0)
+    natural = len(df) / float(df["arrival_s"].max() - df["arrival_s"].min())
+    assert [s.columns["target_rate_rps"] for s in specs] == [1.0, 3.0]
+    assert [s.config.rate_scale for s in specs] == pytest.approx([1.0 / natural, 3.0 / natural])
+
+
+def test_a_budget_the_weights_leave_no_room_for_is_an_inapplicable_run():
+    data = copy.deepcopy(STUDY)
+    data["models"]["names"] = ["llama-3.1-70b"]
+    data["budgets"] = [{"derive": "sglang"}]
+    data["gpu"] = {"name": "h200", "hbm_capacity_gib": 80.0}
+    specs = expand(parse_study(data))
+    assert specs and all(s.config is None for s in specs)
+    assert all("does not fit" in s.problem and "80.0 GiB" in s.problem for s in specs)
