@@ -340,9 +340,13 @@ def study_dir_of(study_path: Path) -> Path:
     """The folder `unikv study run` writes by default: results/studies/<study.name>.
 
     Raises:
-        ValueError: the file has no `[study] name`.
+        ValueError: the file is no TOML or has no `[study] name`.
+        OSError: the file cannot be read.
     """
-    data = tomllib.loads(Path(study_path).read_text())
+    try:
+        data = tomllib.loads(Path(study_path).read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{study_path}: not a TOML study file: {exc}") from None
     name = data.get("study", {}).get("name") if isinstance(data.get("study"), dict) else None
     if not isinstance(name, str) or not name:
         raise ValueError(f"study.name={name!r} in {study_path}: expected the study's name (it names its folder)")
