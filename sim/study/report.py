@@ -32,8 +32,12 @@ DEFAULT_ROOT = Path("results/studies")
 
 GROUP = ("trace", "trace_start_s", "trace_end_s", "max_requests", "max_context_tokens", "rate_rps",
          "spread_s", "model", "kv_cache_dtype", "gpu", "kv_budget_gib", "budget_rule", "seed", "oversize")
-"""What one figure / answer holds fixed (with every `sched_*` column): the
-same trace, model, GPU, budget and scheduler for every layout."""
+"""What one figure / answer holds fixed (with every `sched_*` column but
+`sched_engine`): the same trace, model, GPU, budget and scheduler for every
+layout. The engine whose state rules a unified layout ran under stays a
+series of the group (`end_end/lazy@sglang`), so that its gain is over the
+best deployable baseline of either engine."""
+ENGINE = "sched_engine"
 RATE_AXES = (("offered_rate_rps", "request rate (req/s, offered)"),
              ("target_rate_rps", "request rate (req/s, as asked)"),
              ("rate_scale", "rate scale (x the trace's arrivals)"))
@@ -69,7 +73,8 @@ def served(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def group_keys(df: pd.DataFrame, drop: tuple[str, ...] = ()) -> list[str]:
-    keys = [c for c in GROUP if c in df.columns] + sorted(c for c in df.columns if c.startswith("sched_"))
+    keys = [c for c in GROUP if c in df.columns] + sorted(c for c in df.columns
+                                                         if c.startswith("sched_") and c != ENGINE)
     return [k for k in keys if k not in drop]
 
 
@@ -110,7 +115,9 @@ def label_answers(rows: pd.DataFrame) -> pd.DataFrame:
     for label, part in rows.groupby("label", sort=True):
         t = ans.known_threshold(part, column="rate_scale")
         per_scale = _rps_per_scale(part)
-        out.append({"label": label, "layout": part["layout"].iloc[0], "outcome": t.outcome.value,
+        engine = part[ENGINE].iloc[0] if ENGINE in part.columns else None
+        out.append({"label": label, "layout": part["layout"].iloc[0], "engine": engine,
+                    "outcome": t.outcome.value,
                     "value": t.value, "miss": t.miss, "gap": t.rel_tol, "runs": len(part),
                     "value_rps": _times(t.value, per_scale), "miss_rps": _times(t.miss, per_scale),
                     "inversions": t.inversions, "threshold": t})
@@ -118,15 +125,28 @@ def label_answers(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def gain_notes(answers: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
-    """`answers.unified_gain` over the labels, and a short note per unified label."""
+    """`answers.unified_gain` over the labels (the best of every deployable
+    baseline), its `same_rules_gain` over the baseline of the engine whose
+    rules the unified run followed, and a short note per unified label."""
     layout = dict(zip(answers["label"], answers["layout"]))
-    gains = ans.unified_gain(dict(zip(answers["label"], answers["threshold"])),
-                             unified=[lb for lb, lo in layout.items() if lo in ans.UNIFIED_LAYOUTS],
-                             baselines=[lb for lb, lo in layout.items() if lo in ans.DEPLOYABLE_BASELINES])
+    maxima = dict(zip(answers["label"], answers["threshold"]))
+    baselines = [lb for lb, lo in layout.items() if lo in ans.DEPLOYABLE_BASELINES]
+    gains = ans.unified_gain(maxima, unified=[lb for lb, lo in layout.items() if lo in ans.UNIFIED_LAYOUTS],
+                             baselines=baselines)
+    engine = dict(zip(answers["label"], answers["engine"]))
+    same = []
+    for g in gains.itertuples():
+        own = [b for b in baselines if layout[b] == engine.get(g.layout)]
+        one = ans.unified_gain(maxima, unified=[g.layout], baselines=own) if own else None
+        same.append(one["gain"].iloc[0] if one is not None and len(one) else math.nan)
+    gains = gains.assign(same_rules_gain=same)
     notes = {}
     for g in gains.itertuples():
         exact = "" if math.isnan(g.gain) else f"x{g.gain:.2f} "
-        notes[g.layout] = f"{exact}[{_fmt(g.gain_low)}, {_fmt(g.gain_high)}] vs {g.baseline}"
+        note = f"{exact}[{_fmt(g.gain_low)}, {_fmt(g.gain_high)}] vs {g.baseline}"
+        if not math.isnan(g.same_rules_gain) and engine.get(g.layout) != g.baseline:
+            note += f"; x{g.same_rules_gain:.2f} vs {engine[g.layout]}"
+        notes[g.layout] = note
     return gains, notes
 
 
@@ -222,7 +242,7 @@ def group_section(key: dict, rows: pd.DataFrame, fig_dir: Path, slug: str) -> tu
               "percentile target holds).", "", md_table(_goodput_table(rows, x)), ""]
     lines += [f"![{p.stem}]({FIGURES}/{p.name})" for p in paths] + [""]
     gain_cols = gains.rename(columns={"layout": "label"})[
-        ["label", "baseline", "gain", "gain_low", "gain_high"]] if not gains.empty else None
+        ["label", "baseline", "gain", "gain_low", "gain_high", "same_rules_gain"]] if not gains.empty else None
     if gain_cols is not None:
         answers = answers.merge(gain_cols, on="label", how="left")
     return lines, answers.assign(**key)

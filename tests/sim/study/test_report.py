@@ -140,3 +140,21 @@ def test_title_names_the_window_and_the_derived_budget():
     key = {"trace": "/data/conv.csv", "trace_start_s": 60.0, "trace_end_s": math.nan, "model": "m",
            "gpu": "h200", "kv_budget_gib": 98.25, "budget_rule": "sglang"}
     assert report.title(key) == "conv.csv [60-end s] | m | h200 | 98.2 GiB KV (sglang)"
+
+
+def test_unified_gain_is_over_either_engines_baseline_and_its_own():
+    """Rows as the study writes them: unified layouts once per engine's rules (sched_engine)."""
+    met = {"sglang": 2.0, "vllm": 4.0, "end_end/lazy@sglang": 8.0, "end_end/lazy@vllm": 4.0}
+    layout = {"sglang": "sglang", "vllm": "vllm", "end_end/lazy@sglang": "end_end", "end_end/lazy@vllm": "end_end"}
+    rows = pd.DataFrame([{"label": lb, "layout": layout[lb], "sched_engine": lb.split("@")[-1],
+                          "sched_max_running": 256, "model": "m", "rate_scale": s, "objectives_met": s <= met[lb],
+                          "goodput_rps": s, "objective_attainment": 1.0}
+                         for lb in met for s in (1.0, 2.0, 4.0, 8.0, 16.0)])
+    (key, group), = report.groups(rows)  # one group: the engine is a series, not a group key
+    assert "sched_engine" not in key and key["sched_max_running"] == 256
+    gains, notes = report.gain_notes(report.label_answers(group))
+    g = gains.set_index("layout")
+    assert g.loc["end_end/lazy@sglang", "baseline"] == "vllm"  # the best of either engine
+    assert g.loc["end_end/lazy@sglang", "gain"] == 2.0 and g.loc["end_end/lazy@sglang", "same_rules_gain"] == 4.0
+    assert g.loc["end_end/lazy@vllm", "gain"] == 1.0
+    assert notes["end_end/lazy@sglang"] == "x2.00 [1, 4] vs vllm; x4.00 vs sglang"
