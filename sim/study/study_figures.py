@@ -91,27 +91,27 @@ def attainment_vs_rate(rows: pd.DataFrame, *, x: str, x_label: str, title: str, 
 def max_rate_bars(answers: pd.DataFrame, gains: Mapping[str, str], *, y_label: str, title: str,
                   path: Path) -> Path:
     """One bar per label: the maximum rate within objectives (`value`);
-    a whisker up to the first rate that missed (`miss`); an arrow where
-    the top rate run still met them; "none" where even the lowest missed;
-    the unified layouts' gain over the best deployable baseline above their bars."""
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(answers) + 2), 4.2))
+    a whisker up to the first rate that missed (`miss`); a note where the
+    top rate run still met them, or where even the lowest missed; the
+    unified layouts' gain over the best deployable baseline under their names."""
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.7 * len(answers) + 1), 4.6))
+    ticks = []
     for i, r in enumerate(answers.itertuples()):
         value = 0.0 if r.value is None or math.isnan(r.value) else r.value
         ax.bar(i, value, color=f"C{i}")
-        top = value
         if r.outcome == "found":
             ax.errorbar(i, value, yerr=[[0], [r.miss - value]], color="black", capsize=3, lw=0.8)
-            top = r.miss
-        note = {"all": "still met at\nthe top rate run", "none": "none"}.get(r.outcome, "")
-        note = "\n".join(n for n in (gains.get(r.label, ""), note) if n)
+        note = {"all": "still met at\nthe top rate run", "none": "none met"}.get(r.outcome)
         if note:
-            ax.annotate(note, (i, top), ha="center", va="bottom", fontsize=7,
+            ax.annotate(note, (i, value), ha="center", va="bottom", fontsize=7,
                         xytext=(0, 4), textcoords="offset points")
-    ax.set_xticks(range(len(answers)), list(answers["label"]), fontsize=7, rotation=20)
+        gain = gains.get(r.label)
+        ticks.append(f"{r.label}\n" + gain.replace("; ", "\n") if gain else str(r.label))
+    ax.set_xticks(range(len(answers)), ticks, fontsize=7)
     ax.set_ylabel(y_label)
-    ax.margins(y=0.2)
-    ax.set_title(f"maximum rate within objectives (whisker: first rate run that missed)\n{title}",
-                 fontsize=9)
+    ax.margins(y=0.15)
+    ax.set_title(f"maximum rate within objectives (whisker: first rate run that missed; "
+                 f"under a unified layout: its gain)\n{title}", fontsize=9)
     return _save(fig, path)
 
 
