@@ -19,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from unikv.sim import figures as run_figures  # noqa: E402
 
 LATENCIES = (("ttft_p50_s", "TTFT p50", "-"), ("ttft_p90_s", "TTFT p90", "--"),
@@ -50,10 +51,14 @@ def latency_vs_rate(rows: pd.DataFrame, *, x: str, x_label: str, title: str, pat
         cols = [c for c in LATENCIES if c[0].startswith(metric) and c[0] in rows.columns]
         if metric == "tpot" and any(c[0] == "tpot_p50_s" for c in cols):
             cols = [c for c in cols if c[0] != "tpot_mean_s"]
+        handles = []
         for i, (label, part) in enumerate(_series(rows, x)):
-            for col, name, style in cols:
-                ax.plot(part[x], part[col], style, marker="o", ms=3, color=f"C{i}",
-                        label=f"{label} {name}")
+            for j, (col, _, style) in enumerate(cols):
+                line, = ax.plot(part[x], part[col], style, marker="o", ms=3, color=f"C{i}")
+                if j == 0:
+                    handles.append(Line2D([], [], color=line.get_color(), label=label))
+        # one entry per layout (colour) and one per statistic (line style)
+        handles += [Line2D([], [], color="black", ls=style, label=name) for _, name, style in cols]
         for name, value in _targets(rows, metric).items():
             ax.axhline(value, color="grey", lw=0.8, ls=":")
             ax.annotate(f"target {name}", (1, value), xycoords=("axes fraction", "data"), fontsize=7,
@@ -61,7 +66,7 @@ def latency_vs_rate(rows: pd.DataFrame, *, x: str, x_label: str, title: str, pat
         _rate_axis(ax, rows[x], x_label)
         ax.set_ylabel(f"{metric.upper()} (s)")
         ax.set_yscale("log")
-        ax.legend(fontsize=6, ncol=2)
+        ax.legend(handles=handles, fontsize=6, ncol=2)
     fig.suptitle(f"latency against request rate: {title}", fontsize=10)
     return _save(fig, path)
 
