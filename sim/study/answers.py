@@ -199,6 +199,7 @@ def search(cache: PointCache, *, lo: float, hi: float, rel_tol: float, side: Sid
         ValueError: a bad range or tolerance; what the evaluator raises.
     """
     _check_range(lo, hi, rel_tol, cache.column)
+    lo, hi = _key(lo), _key(hi)  # the cache's keys: a point at an end counts as inside
     calls, hits = cache.calls, cache.hits
     safe, far = (lo, hi) if side is Side.BELOW else (hi, lo)
     if not cache.met(safe):

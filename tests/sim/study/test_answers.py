@@ -6,6 +6,8 @@ import math
 
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from unikv.sim.study.answers import (
     Outcome,
     Side,
@@ -148,3 +150,31 @@ def test_bad_searches_are_refused():
         max_rate(below(1), clash, lo=1.0, hi=2.0)
     with pytest.raises(ValueError, match="finished rows lack column 'objectives_met'"):
         max_rate(below(1), clash.drop(columns="objectives_met"), lo=1.0, hi=2.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(threshold=st.floats(0.01, 500.0), lo=st.floats(0.01, 10.0), span=st.floats(1.5, 1000.0),
+       rel_tol=st.floats(0.001, 0.5))
+def test_bisection_brackets_any_threshold_and_the_cache_never_reruns(threshold, lo, span, rel_tol):
+    # 6 significant digits: the cache keys points at 12, so the ends are exactly the points run
+    lo, hi = float(f"{lo:.6g}"), float(f"{lo * span:.6g}")
+    ev = below(threshold)
+    t = max_rate(ev, lo=lo, hi=hi, rel_tol=rel_tol)
+    assert len(ev.calls) == len(set(ev.calls)) == t.evaluations
+    if threshold < lo:
+        assert t.outcome is Outcome.NONE and t.value is None
+    elif threshold >= hi:
+        assert t.outcome is Outcome.ALL and t.value == hi
+    else:
+        assert t.outcome is Outcome.FOUND and t.value <= threshold < t.miss <= t.value * (1 + rel_tol)
+    again = below(threshold)
+    assert max_rate(again, t.rows, lo=lo, hi=hi, rel_tol=rel_tol).value == t.value and again.calls == []
+
+
+def test_range_ends_of_many_digits_are_the_points_run():
+    """The cache keys points at 12 significant digits; an end given with more is still inside the range."""
+    lo, hi = 1.349334531863276, 2.698669063726552
+    every = max_rate(Counting(lambda x: True), lo=lo, hi=hi)
+    assert every.outcome is Outcome.ALL and every.value == pytest.approx(hi, rel=1e-11)
+    t = max_rate(below(2.0), lo=lo, hi=hi, rel_tol=0.01)
+    assert t.outcome is Outcome.FOUND and t.value <= 2.0 < t.miss
