@@ -85,7 +85,12 @@ def execute(spec: RunSpec) -> dict:
         status, reason, cols = INAPPLICABLE, spec.problem, {}
     else:
         status, reason, cols = _replay(spec)
+    return make_row(spec, status, reason, cols, wall_s=time.perf_counter() - t0)
+
+
+def make_row(spec: RunSpec, status: str, reason: str | None, cols: dict, *, wall_s: float) -> dict:
+    """The row of `spec` with its outcome (the runner's, for a task whose worker died)."""
     row = {"run_id": spec.run_id, **spec.columns, "status": status, "reason": reason, **cols}
-    row["wall_s"] = time.perf_counter() - t0
+    row["wall_s"] = wall_s
     row["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return row

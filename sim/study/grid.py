@@ -3,9 +3,10 @@
 The runs are traces x loads x models x budgets x seeds x the layout cells
 `unikv compare` would run (`sim.cli.grid`: layouts x compactions x fixed
 ratios, under each engine's rules). A run id is 16 hex digits of SHA-256
-over the canonical JSON of every input that changes the result
-(`run_inputs`; docs/studies.md, "Run ids"): the same inputs give the same
-id in any process, wherever the files live.
+over the canonical JSON of every input that changes the row (`run_inputs`
+and the objectives, whose columns the row holds; docs/studies.md, "Run
+ids"): the same inputs give the same id in any process, wherever the
+files live.
 """
 
 from __future__ import annotations
@@ -133,12 +134,10 @@ def _trace_base(spec: TraceSpec, seed: int) -> RunConfig:
                      max_context_tokens=spec.max_context_tokens, seed=seed)
 
 
-def _budget(spec: BudgetSpec, model, hbm: int | None, gpu: str) -> DerivedBudget:
-    """Raises ValueError: a derived budget that cannot be (no HBM figure, weights that do not fit)."""
+def _budget(spec: BudgetSpec, model, hbm: int) -> DerivedBudget:
+    """Raises ValueError: a derived budget that cannot be (unknown weights, weights that do not fit)."""
     if spec.gib is not None:
         return explicit_budget(spec.gib)
-    if hbm is None:
-        raise ValueError(f"gpu {gpu!r} gives no hbm_capacity_bytes; set gpu.hbm_capacity_gib to derive budgets")
     assert spec.derive is not None  # BudgetSpec: exactly one of gib / derive
     return derive_budget(spec.derive, hbm_capacity_bytes=hbm, weight_bytes=model.weight_bytes,
                          model=model.name, mem_fraction=spec.mem_fraction,
@@ -170,7 +169,7 @@ def expand(study: Study) -> list[RunSpec]:
 
     hw = HardwareSpec.load(study.gpu.name)
     hbm = (round(study.gpu.hbm_capacity_gib * (1 << 30)) if study.gpu.hbm_capacity_gib
-           else getattr(hw, "hbm_capacity_bytes", None))
+           else hw.hbm_capacity_bytes)
     gpu_sha = sha256_text(canonical_json(hw.as_dict()))
     models = {name: load_model(name, kv_cache_dtype=study.models.kv_cache_dtype) for name in study.models.names}
     model_sha = {n: sha256_text(canonical_json(dataclasses.asdict(m))) for n, m in models.items()}
@@ -199,7 +198,7 @@ def expand(study: Study) -> list[RunSpec]:
 def _budget_runs(bspec: BudgetSpec, model, hbm, study: Study, cells, head: dict) -> list[RunSpec]:
     """The runs of one budget over the layout cells `cells` [(label, config)]."""
     try:
-        budget: DerivedBudget | None = _budget(bspec, model, hbm, study.gpu.name)
+        budget: DerivedBudget | None = _budget(bspec, model, hbm)
         problem = None
     except ValueError as exc:
         budget, problem = None, str(exc)
@@ -209,13 +208,14 @@ def _budget_runs(bspec: BudgetSpec, model, hbm, study: Study, cells, head: dict)
         hashes = {"trace_sha256": head["trace_sha256"], "model_sha256": head["model_config_sha256"],
                   "gpu_sha256": head["gpu_spec_sha256"]}
         if budget is None:
-            inputs = {**run_inputs(cfg, **hashes), "kv_budget_bytes": None,
+            inputs = {**run_inputs(cfg, **hashes), "kv_budget_bytes": None, "objectives": study.objectives,
                       "budget": bspec.model_dump(), "hbm_capacity_bytes": hbm}
             runs.append(RunSpec(run_id=run_id_of(inputs), config=None, columns=columns, problem=problem,
                                 objectives=dict(study.objectives)))
             continue
         cfg = cfg.with_(kv_budget_gib=budget.kv_budget_gib)
-        runs.append(RunSpec(run_id=run_id_of(run_inputs(cfg, **hashes)), config=cfg, columns=columns,
+        inputs = {**run_inputs(cfg, **hashes), "objectives": study.objectives}
+        runs.append(RunSpec(run_id=run_id_of(inputs), config=cfg, columns=columns,
                             objectives=dict(study.objectives)))
     return runs
 

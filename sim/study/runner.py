@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from unikv.sim.study.dataset import read_rows, write_dataset, write_row
-from unikv.sim.study.execute import FAILED, INAPPLICABLE, execute
+from unikv.sim.study.execute import FAILED, INAPPLICABLE, execute, make_row
 from unikv.sim.study.grid import RunSpec, expand
 from unikv.sim.study.spec import Study
 
@@ -58,23 +58,33 @@ def _start_ray(address: str | None) -> bool:
     return True
 
 
-def _run_on_ray(todo: list[RunSpec], rows_dir: Path, on_row: Callable[[dict], None] | None) -> int:
-    """Run `todo` as Ray tasks, writing each row as it lands; returns rows written.
+def _write(rows_dir: Path, row: dict, on_row: Callable[[dict], None] | None) -> None:
+    write_row(rows_dir, row)
+    if on_row is not None:
+        on_row(row)
 
-    On KeyboardInterrupt the tasks in flight are cancelled and it re-raises."""
+
+def run_on_ray(todo: list[RunSpec], rows_dir: Path, on_row: Callable[[dict], None] | None,
+               work: Callable[[RunSpec], dict] = execute) -> int:
+    """Run `work(spec)` for each of `todo` as a Ray task, writing each row as
+    it lands; returns rows written. A task whose worker dies is a `failed`
+    row. On KeyboardInterrupt the tasks in flight are cancelled and it re-raises."""
     import ray
 
-    task = ray.remote(num_cpus=1, max_retries=0)(execute)
-    pending = [task.remote(spec) for spec in todo]
+    task = ray.remote(num_cpus=1, max_retries=0)(work)
+    specs = {task.remote(spec): spec for spec in todo}
+    pending = list(specs)
     written = 0
     try:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
-            row = ray.get(ready[0])
-            write_row(rows_dir, row)
+            try:
+                row = ray.get(ready[0])
+            except ray.exceptions.RayError as exc:  # the worker died (killed, out of memory): this run failed
+                row = make_row(specs[ready[0]], FAILED, f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}",
+                               {}, wall_s=0.0)
+            _write(rows_dir, row, on_row)
             written += 1
-            if on_row is not None:
-                on_row(row)
     except KeyboardInterrupt:
         for ref in pending:
             ray.cancel(ref, force=True)
@@ -116,9 +126,13 @@ def run_study(study: Study, out_dir: Path, *, address: str | None = None, max_ru
     executed = 0
     started = False
     try:
-        if todo:
+        for spec in (s for s in todo if s.problem is not None):  # known before it starts: no task
+            _write(rows_dir, execute(spec), on_row)
+            executed += 1
+        tasks = [s for s in todo if s.problem is None]
+        if tasks:
             started = _start_ray(address)
-            executed = _run_on_ray(todo, rows_dir, on_row)
+            executed += run_on_ray(tasks, rows_dir, on_row)
     finally:
         rows = read_rows(rows_dir, [s.run_id for s in specs])
         write_dataset(out_dir / DATASET, rows)

@@ -155,7 +155,8 @@ def _path(loc: tuple) -> str:
 
 def _message(error: ValidationError) -> str:
     """The first error of `error`, one line, naming its field path."""
-    first = error.errors()[0]
+    # an unknown key first: a misspelt table also leaves its real name missing
+    first = sorted(error.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
     where = _path(tuple(p for p in first["loc"] if not str(p).startswith(("function-", "literal["))))
     text = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":

@@ -50,6 +50,7 @@ def test_the_same_inputs_give_the_same_ids_in_another_process():
     (["scheduler"], {"max_running": 32}),
     (["models", "kv_cache_dtype"], "fp8_e4m3"),
     (["layouts", "page_size"], 32),
+    (["objectives"], {"ttft_p90_s": 3.0}),
 ])
 def test_a_changed_input_changes_the_ids(path, value):
     data = copy.deepcopy(STUDY)
@@ -91,3 +92,17 @@ def test_a_budget_the_weights_leave_no_room_for_is_an_inapplicable_run():
     specs = expand(parse_study(data))
     assert specs and all(s.config is None for s in specs)
     assert all("does not fit" in s.problem and "80.0 GiB" in s.problem for s in specs)
+
+
+def test_a_derived_budget_uses_the_gpu_specs_hbm_and_the_models_weights():
+    from unikv.sim.cost import HardwareSpec
+    from unikv.sim.models import load_model
+
+    data = copy.deepcopy(STUDY)
+    data["budgets"] = [{"derive": "sglang"}]
+    spec = expand(parse_study(data))[0]
+    hbm = HardwareSpec.load("h200").hbm_capacity_bytes
+    want = int(hbm * 0.88) - load_model("gemma-3-12b").weight_bytes
+    assert spec.columns["kv_budget_bytes"] == want
+    assert spec.config.kv_budget_gib * (1 << 30) == pytest.approx(want)
+    assert (spec.columns["budget_rule"], spec.columns["hbm_capacity_bytes"]) == ("sglang", hbm)

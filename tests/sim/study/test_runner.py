@@ -79,3 +79,23 @@ def test_an_interrupted_study_resumes_with_only_the_missing_runs(uninterrupted, 
 def test_max_runs_leaves_the_rest_for_later(tmp_path):
     outcome = run_study(STUDY, tmp_path, max_runs=1)
     assert (outcome.executed, outcome.remaining) == (1, TOTAL - 1)
+
+
+def test_a_run_whose_worker_dies_is_a_failed_row_and_the_others_finish(tmp_path):
+    from unikv.sim.study.execute import execute
+    from unikv.sim.study.grid import expand
+    from unikv.sim.study.runner import run_on_ray
+
+    specs = [s for s in expand(STUDY) if s.columns["layout"] != "end_float_end"][:3]
+    doomed = specs[1].run_id
+
+    def work(spec):
+        if spec.run_id == doomed:
+            import os
+            os._exit(1)  # as an out-of-memory kill would end the worker
+        return execute(spec)
+
+    assert run_on_ray(specs, tmp_path, None, work) == 3
+    rows = {r["run_id"]: r for r in read_rows(tmp_path)}
+    assert rows[doomed]["status"] == "failed" and "Worker" in rows[doomed]["reason"]
+    assert [rows[s.run_id]["status"] for s in specs if s.run_id != doomed] == ["ok", "ok"]
