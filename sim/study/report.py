@@ -11,6 +11,7 @@ and the capacity figure from a per-step table the study kept
 from __future__ import annotations
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -141,7 +142,11 @@ def gain_notes(answers: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
         same.append(one["gain"].iloc[0] if one is not None and len(one) else math.nan)
     gains = gains.assign(same_rules_gain=same)
     notes = {}
+    outcome = dict(zip(answers["label"], answers["outcome"]))
     for g in gains.itertuples():
+        if outcome[g.layout] == outcome[g.baseline] == ans.Outcome.NONE.value:
+            notes[g.layout] = f"n/a: neither it nor {g.baseline} met the objectives at any rate run"
+            continue
         exact = "" if math.isnan(g.gain) else f"x{g.gain:.2f} "
         note = f"{exact}[{_fmt(g.gain_low)}, {_fmt(g.gain_high)}] vs {g.baseline}"
         if not math.isnan(g.same_rules_gain) and engine.get(g.layout) != g.baseline:
@@ -248,9 +253,13 @@ def group_section(key: dict, rows: pd.DataFrame, fig_dir: Path, slug: str) -> tu
     return lines, answers.assign(**key)
 
 
+TARGET = re.compile(r"^target_((ttft|tpot)_(p\d+(\.\d+)?_)?s)$")
+"""A target column (`target_ttft_p90_s`, `target_tpot_s`); not `target_rate_rps`."""
+
+
 def _objective_lines(df: pd.DataFrame) -> list[str]:
-    targets = {c[len("target_"):]: df[c].dropna().iloc[0] for c in df.columns
-               if c.startswith("target_") and df[c].notna().any()}
+    targets = {m[1]: df[c].dropna().iloc[0] for c in df.columns
+               if (m := TARGET.match(c)) and df[c].notna().any()}
     shown = ", ".join(f"{k} <= {_fmt(v)}" for k, v in sorted(targets.items())) or "(not recorded)"
     return [f"Objectives: {shown}. A request meets them when it finished, was not rejected and is "
             "within every per-request target; the maximum rate is the highest rate run at which every "

@@ -30,6 +30,7 @@ def _row(config: RunConfig, run_id: str) -> tuple[dict, pd.DataFrame]:
            "model": config.model, "gpu": "h200", "kv_budget_gib": config.kv_budget_gib,
            "budget_rule": "explicit", "label": f"{config.layout}", "layout": config.layout,
            "compaction": config.compaction, "seed": config.seed, **res.summary,
+           "target_rate_rps": 2.0,  # as the study writes it: the asked rate, no objective
            **{f"target_{k}": v for k, v in OBJECTIVES.items()}, **service}
     return row, res.steps
 
@@ -74,7 +75,7 @@ def test_report_from_the_dataset_alone(study, monkeypatch):
     assert "## azure_conv [0-20 s] \\| gpt-oss-20b" not in text  # headings are not table cells
     assert "## azure_conv [0-20 s] | gpt-oss-20b | h200 | 0.5 GiB KV" in text
     assert "## azure_conv [0-20 s] | gpt-oss-20b | h200 | 0.25 GiB KV" in text
-    assert "ttft_p90_s <= 0.3" in text
+    assert "Objectives: tpot_p90_s <= 0.1, ttft_p90_s <= 0.3." in text
     assert "## Runs that did not finish" in text and "boom" in text
     assert "## Capacity over time" in text and "No per-step table" not in text
     figures = sorted(p.name for p in (study / report.FIGURES).iterdir())
@@ -158,3 +159,12 @@ def test_unified_gain_is_over_either_engines_baseline_and_its_own():
     assert g.loc["end_end/lazy@sglang", "gain"] == 2.0 and g.loc["end_end/lazy@sglang", "same_rules_gain"] == 4.0
     assert g.loc["end_end/lazy@vllm", "gain"] == 1.0
     assert notes["end_end/lazy@sglang"] == "x2.00 [1, 4] vs vllm; x4.00 vs sglang"
+
+
+def test_no_gain_is_claimed_where_no_layout_met_the_objectives():
+    rows = pd.DataFrame([{"label": lb, "layout": lb, "rate_scale": s, "objectives_met": False,
+                          "goodput_rps": 0.0, "objective_attainment": 0.1}
+                         for lb in ("sglang", "end_end") for s in (1.0, 2.0)])
+    gains, notes = report.gain_notes(report.label_answers(rows))
+    assert notes == {"end_end": "n/a: neither it nor sglang met the objectives at any rate run"}
+    assert math.isnan(gains["gain"].iloc[0])
