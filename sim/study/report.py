@@ -238,7 +238,7 @@ def group_section(key: dict, rows: pd.DataFrame, fig_dir: Path, slug: str) -> tu
     ]
     lines = [f"## {name}", "", "### Maximum rate within objectives", "", md_table(_answers_table(answers, notes)),
              ""]
-    if not gains.empty:
+    if any(not note.startswith("n/a") for note in notes.values()):
         lines += ["Unified gain (maximum rate over the best deployable baseline's; the range "
                   "follows from each rate's bracket): " +
                   "; ".join(f"{lb} {note}" for lb, note in notes.items()) + ".", ""]
