@@ -37,6 +37,7 @@ from enum import Enum
 import pandas as pd
 
 MET = "objectives_met"
+MIN_REL_TOL = 1e-9
 UNIFIED_LAYOUTS = ("end_end", "end_float_end")
 DEPLOYABLE_BASELINES = ("sglang", "vllm")
 
@@ -159,6 +160,9 @@ def _check_range(lo: float, hi: float, rel_tol: float, column: str) -> None:
             raise ValueError(f"{column} search {name}={v!r} must be a positive finite number")
     if not lo < hi:
         raise ValueError(f"{column} search lo={lo!r} must be below hi={hi!r}")
+    if rel_tol < MIN_REL_TOL:  # finer than the cache's keys: the bisection could not shrink
+        raise ValueError(f"{column} search rel_tol={rel_tol!r} must be at least {MIN_REL_TOL:g} "
+                         "(points are keyed at 12 significant digits)")
 
 
 def _bracket(known: Mapping[float, bool], side: Side) -> tuple[float | None, float | None]:

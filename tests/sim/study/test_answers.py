@@ -143,6 +143,8 @@ def test_bad_searches_are_refused():
         max_rate(below(1), lo=0, hi=2)
     with pytest.raises(ValueError, match="lo=3.0 must be below hi=2.0"):
         max_rate(below(1), lo=3.0, hi=2.0)
+    with pytest.raises(ValueError, match="rel_tol=1e-12 must be at least 1e-09"):
+        max_rate(below(1), lo=1.0, hi=2.0, rel_tol=1e-12)
     with pytest.raises(ValueError, match="returned a row without 'objectives_met'"):
         max_rate(lambda x: {}, lo=1.0, hi=2.0)
     clash = pd.DataFrame({"rate_scale": [1.0, 1.0], "objectives_met": [True, False]})
