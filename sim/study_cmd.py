@@ -1,4 +1,5 @@
-"""`unikv study run STUDY.toml [--address ADDR] [--out DIR] [--max-runs N]`.
+"""`unikv study run STUDY.toml [--address ADDR] [--out DIR] [--max-runs N]`
+and `unikv study report STUDY.toml [--out DIR] [--run-id ID]` (sim/study/report.py).
 
 Exit status (`unikv.cli.guarded`): 0 every run is done and none failed;
 3 some run failed or was inapplicable (its row says why) or `--max-runs`
@@ -27,6 +28,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, default=None, help="output folder (default: results/studies/<name>)")
     run.add_argument("--max-runs", type=int, default=None, help="run at most N of the missing runs")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    rep = sub.add_parser("report", help="the study's answers as markdown and figures, from its dataset alone")
+    rep.add_argument("study", type=Path, help="the study file (TOML)")
+    rep.add_argument("--out", type=Path, default=None, help="the study's folder (default: results/studies/<name>)")
+    rep.add_argument("--run-id", default=None, help="the run whose capacity over time is drawn")
     return parser
 
 
@@ -77,6 +82,11 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
+    if args.command == "report":
+        from unikv.sim.study.report import main as report
+
+        print(f"report: {report(args.study, args.out, run_id=args.run_id)}")
+        return 0
     return _run(args)
 
 
