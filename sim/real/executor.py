@@ -158,13 +158,17 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
     dtype = config.dtype or config.kv_cache_dtype
     lm = real_model.build_model(path, dtype=dtype, device=config.device, weights=config.weights,
                                 seed=config.seed)
-    specs = layers.kv_layers(lm.config, real_model.torch_dtype(dtype))
+    placed = layers.model_layers(lm.config, real_model.torch_dtype(dtype))
+    if placed.window_tokens != memory.window:
+        raise ValueError(f"model={config.model!r}: the model slides over {placed.window_tokens} tokens, the "
+                         f"layout's window band over {memory.window}")
     try:
-        views = KVViews(pool, specs)
-    except ValueError as exc:
+        layers.check_layout(placed, pool.layout)
+        views = KVViews(pool, placed.kv)
+    except (ValueError, TypeError) as exc:
         raise ValueError(f"layout={config.layout!r}: the real executor cannot view this pool ({exc})") from None
-    attention.register()
-    lm.set_attn_implementation(attention.NAME)
+    lm.set_attn_implementation(attention.register())
+    specs = placed.kv
     block = memory.cache.block_tokens if memory.cache is not None else None
     tokens = TokenSource(vocab_size=int(lm.config.vocab_size), block_tokens=block, seed=config.seed)
     cost = CostModelExecutor(memory, step_cost, kv_read) if config.real_clock == "cost" else None

@@ -127,7 +127,7 @@ def build_model(path: Path, *, dtype: str = "fp32", device: str = "cpu", weights
         else:
             with torch.device("meta"):
                 model = AutoModelForCausalLM.from_config(config, dtype=dt)
-    except ValueError as exc:
+    except (ValueError, TypeError, AssertionError) as exc:
         raise ValueError(f"model={str(path)!r}: transformers cannot build {type(config).__name__} as a "
                          f"causal LM ({str(exc).splitlines()[0]})") from None
     if weights is not None:
