@@ -23,6 +23,9 @@ EXECUTORS = ("cost", "real")
 """What runs a step: the cost model, or real model forwards over the pool (`sim.real`)."""
 REAL_CLOCKS = ("measured", "cost")
 REAL_DTYPES = ("fp32", "bf16")
+REAL_LAYOUTS = ("fixed_ratio", "sglang", "end_end", "end_float_end")
+"""The layouts whose pool keeps bytes the real executor's KV views can read
+(the oracle and vLLM pools count bytes without a byte layout)."""
 RATIO_LAYOUTS = ("fixed_ratio",)
 """The layouts `static_ratio` applies to (`sim.layouts.build_layout`)."""
 COMPACTING_LAYOUTS = ("end_end", "end_float_end")
@@ -288,6 +291,9 @@ def _check_executor(config: RunConfig) -> None:
                 raise ValueError(f"{name}={getattr(config, name)!r} applies only to executor='real'; "
                                  "pass executor='real' or leave it unset")
         return
+    if config.layout not in REAL_LAYOUTS:
+        raise ValueError(f"layout={config.layout!r}: the real executor cannot view its pool (it keeps no byte "
+                         f"layout); valid layouts for executor='real' are {list(REAL_LAYOUTS)}")
     dtype = config.dtype or config.kv_cache_dtype
     if dtype not in REAL_DTYPES or config.kv_cache_dtype != dtype:
         raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype!r} with dtype={config.dtype!r}: the real "

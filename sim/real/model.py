@@ -179,7 +179,7 @@ def _load_weights(model, weights: Path, device: str, dtype) -> None:
 def _rebuild_buffers(model, device: str) -> None:
     """Non-persistent buffers stayed on the meta device: rebuild each owner
     from what built it (a rotary module from its config, transformers'
-    `*RotaryEmbedding.__init__(config, device)`; a scaled embedding's
+    `*RotaryEmbedding.__init__(config)`; a scaled embedding's
     `embed_scale` from its `scalar_embed_scale`) on `device`.
 
     Raises:
@@ -197,6 +197,7 @@ def _rebuild_buffers(model, device: str) -> None:
             continue
         if not hasattr(module, "config"):
             raise ValueError(f"buffer {name}.{meta[0]} cannot be rebuilt after loading weights")
-        fresh = type(module)(config=module.config, device=torch.device(device))
+        with torch.device(device):  # not every rotary __init__ takes a device (LlamaRotaryEmbedding)
+            fresh = type(module)(config=module.config)
         for n, buf in fresh.named_buffers(recurse=False):
             module.register_buffer(n, buf.to(device), persistent=False)

@@ -130,3 +130,22 @@ def test_greedy_tokens_through_the_pool_equal_transformers_own_cache(tmp_path, m
         for rid, prompt, out in zip(requests["rid"], requests["prompt_tokens"], requests["output_tokens"]):
             req = Request(int(rid), 0.0, int(prompt), int(out), tuple(hashes[int(rid)]))
             assert ex.generated[int(rid)] == reference(model, ex.tokens.prompt(req), int(out)), f"request {rid}"
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_local_weights_load_onto_the_meta_built_model(tmp_path, one_thread, name):
+    """A folder of safetensors replaces the random weights exactly (the
+    meta build's rotary and embedding-scale buffers rebuilt on the device)."""
+    from safetensors.torch import save_file
+    from unikv.sim.real.model import build_model
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(trimmed(name)))
+    source = build_model(path, seed=7)
+    (tmp_path / "w").mkdir()
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(tmp_path / "w" / "model.safetensors"))
+    loaded = build_model(path, weights=tmp_path / "w", seed=0)
+    ids = torch.randint(0, 256, (1, 12))
+    with torch.inference_mode():
+        assert torch.equal(source(input_ids=ids).logits, loaded(input_ids=ids).logits)
+    assert not torch.equal(build_model(path, seed=0)(input_ids=ids).logits, loaded(input_ids=ids).logits)
