@@ -72,7 +72,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def replay(tmp_path, monkeypatch, name: str, compaction: str, budget_gib: float):
+def replay(tmp_path, monkeypatch, name: str, compaction: str, budget_gib: float, device: str = "cpu"):
     """Run the trace; returns (result, executor, generated counts at each retraction)."""
     path = tmp_path / name / "config.json"
     path.parent.mkdir()
@@ -89,6 +89,7 @@ def replay(tmp_path, monkeypatch, name: str, compaction: str, budget_gib: float)
 
     monkeypatch.setattr(Memory, "retract", counting_retract)
     config = RunConfig(trace="test", model=str(path), kv_cache_dtype="fp32", executor="real", real_clock="cost",
+                       device=device,
                        kv_budget_gib=budget_gib, page_size=4, layout="end_end", compaction=compaction,
                        check_every=1, scheduler=SchedulerConfig(
                            max_running=16, prefill_tokens_per_step=48, reserve_init=0.0, reserve_min=0.0,
@@ -97,24 +98,35 @@ def replay(tmp_path, monkeypatch, name: str, compaction: str, budget_gib: float)
 
 
 def reference(model, prompt: np.ndarray, n: int) -> list[int]:
-    """transformers' greedy decoding of one request with its own DynamicCache."""
+    """transformers' greedy decoding of one request with its own DynamicCache
+    (passed as `cache` where the forward takes it, transformers 5.24, else as
+    `past_key_values`, 5.17)."""
+    import inspect
+
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=model.config)
-    out, tokens = model(input_ids=torch.tensor(prompt)[None], cache=cache, use_cache=True), []
+    device = model.device
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    kw = {key: DynamicCache(config=model.config), "use_cache": True}
+    out = model(input_ids=torch.tensor(prompt, device=device)[None], **kw)
+    tokens: list[int] = []
     for _ in range(n):
         tokens.append(int(out.logits[0, -1].argmax()))
-        out = model(input_ids=torch.tensor([[tokens[-1]]]), cache=cache, use_cache=True)
+        out = model(input_ids=torch.tensor([[tokens[-1]]], device=device), **kw)
     return tokens
 
 
-@pytest.mark.parametrize("name,compaction,budget_gib", [
-    ("llama", "lazy", 0.00004), ("llama", "eager", 0.00003),
-    ("gemma3", "eager", 0.00004), ("gpt_oss", "lazy", 0.00003),
-])
+CASES = [("llama", "lazy", 0.00004), ("llama", "eager", 0.00003), ("gemma3", "eager", 0.00004),
+         ("gpt_oss", "lazy", 0.00003)]
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.parametrize("name,compaction,budget_gib,device",
+                         [(*c, "cpu") for c in CASES] + [pytest.param(*c, "cuda", marks=[CUDA, pytest.mark.gpu])
+                                                         for c in CASES])
 def test_greedy_tokens_through_the_pool_equal_transformers_own_cache(tmp_path, monkeypatch, one_thread, name,
-                                                                     compaction, budget_gib):
-    res, ex, retracted_at = replay(tmp_path, monkeypatch, name, compaction, budget_gib)
+                                                                     compaction, budget_gib, device):
+    res, ex, retracted_at = replay(tmp_path, monkeypatch, name, compaction, budget_gib, device)
     assert res.violations == []
     steps, requests = res.steps, res.requests
     assert steps["moves"].iloc[-1] > 0, "compaction moved no page: the budget is not tight enough"
