@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from unikv import Band, Layout, UnifiedPool
+from unikv import Band, Layout, StaticPartitionPool, UnifiedPool
 from unikv.backends import CudaBackend, SimBackend
 from unikv.tensors import KVViews, LayerKV
 
@@ -29,7 +29,7 @@ def three_band(total: int = 24_000) -> Layout:
 
 
 def make_pool(backend: str, compaction: str, layout: Layout | None = None) -> UnifiedPool:
-    be = SimBackend(materialize=True) if backend == "sim" else CudaBackend("cpu")
+    be = SimBackend(materialize=True) if backend == "sim" else CudaBackend(backend.removeprefix("cuda-"))
     return UnifiedPool(layout or three_band(), backend=be, compaction=compaction, move_cap=2)
 
 
@@ -100,8 +100,8 @@ class Driver:
             for spec in LAYERS:
                 vids = req["vids"][req["swa_released"] * PS:] if spec.band == "swa" else req["vids"]
                 slots = torch.as_tensor(host(self.pool.translate(vids, spec.band)))
-                k = self.views.k(spec.layer)[slots // PS, slots % PS]
-                v = self.views.v(spec.layer)[slots // PS, slots % PS]
+                k = self.views.k(spec.layer)[slots // PS, slots % PS].cpu()
+                v = self.views.v(spec.layer)[slots // PS, slots % PS].cpu()
                 want_k = torch.stack([self.written[spec.layer, int(t)][0] for t in vids])
                 want_v = torch.stack([self.written[spec.layer, int(t)][1] for t in vids])
                 if not (torch.equal(k, want_k) and torch.equal(v, want_v)):
@@ -114,7 +114,12 @@ def view_identity(views: KVViews) -> list[tuple[int, int, int, int]]:
              views.v(s.layer).data_ptr()) for s in LAYERS]
 
 
-@pytest.mark.parametrize("backend", ["sim", "cuda-cpu"])
+CUDA = pytest.param("cuda-cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device")])
+BACKENDS = ["sim", "cuda-cpu", CUDA]  # CudaBackend on the CPU, and on a GPU
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("compaction", ["lazy", "eager"])
 def test_views_read_what_was_written_while_pages_move(backend, compaction):
     pool = make_pool(backend, compaction)
@@ -132,7 +137,7 @@ def test_views_read_what_was_written_while_pages_move(backend, compaction):
     assert view_identity(views) == before  # compaction changed page tables only
 
 
-@pytest.mark.parametrize("backend", ["sim", "cuda-cpu"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_kernel_facing_ids_address_the_same_bytes(backend):
     """On rows of entry_bytes / blocks_per_page bytes, token t's K of the band's
     i-th layer is row kid + 2 i ps and its V row kid + (2 i + 1) ps."""
@@ -149,7 +154,7 @@ def test_kernel_facing_ids_address_the_same_bytes(backend):
     slots = torch.as_tensor(host(pool.translate(vids, "full")))
     for i, layer in enumerate((0, 2)):
         for j, tensor in enumerate((views.k(layer), views.v(layer))):
-            via_views = tensor[slots // PS, slots % PS].reshape(len(vids), -1).view(torch.uint8)
+            via_views = tensor[slots // PS, slots % PS].reshape(len(vids), -1).view(torch.uint8).cpu()
             assert torch.equal(rows[kid + (2 * i + j) * PS], via_views)
 
 
@@ -235,3 +240,18 @@ def test_write_refuses_bad_shapes_and_slots_and_leaves_bytes():
                    "slots range")
     one_line_error(lambda: views.write(7, slots, torch.zeros(PS, 2, 4), torch.zeros(PS, 2, 4)), "layer=7")
     assert np.array_equal(pool.buffer_view("full"), before)
+
+
+def test_views_over_a_static_partition_pool():
+    """The fixed-split baseline's regions sit on the same page grids: the same views serve it."""
+    layout = three_band()
+    pool = StaticPartitionPool(layout, backend=SimBackend(materialize=True),
+                               fractions={"mamba": 0.2, "swa": 0.3, "full": 0.5})
+    views = KVViews(pool, LAYERS)
+    driver = Driver(pool, views, seed=9)
+    for _ in range(60):
+        driver.step()
+    assert driver.requests and driver.mismatches() == []
+    vids = next(iter(driver.requests.values()))["vids"]
+    table = views.block_table([vids[::PS] // PS], "full")
+    assert table[0].tolist() == (host(pool.translate(vids[::PS], "full")) // PS).tolist()

@@ -35,11 +35,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if triton is None:
         triton = isinstance(q, torch.Tensor) and q.is_cuda
     if triton:
-        from unikv.kernels.attention.kernel import paged_attention as run
-    else:
-        run = reference.paged_attention
-    return run(q, k_cache, v_cache, block_table, cu_q, seq_lens, scale=scale, window=window, sinks=sinks,
-               softcap=softcap, out=out)
+        from unikv.kernels.attention.kernel import paged_attention as launch
+
+        return launch(q, k_cache, v_cache, block_table, cu_q, seq_lens, scale=scale, window=window, sinks=sinks,
+                      softcap=softcap, out=out)
+    return reference.paged_attention(q, k_cache, v_cache, block_table, cu_q, seq_lens, scale=scale, window=window,
+                                     sinks=sinks, softcap=softcap, out=out)
 
 
 __all__ = ["paged_attention", "reference"]
