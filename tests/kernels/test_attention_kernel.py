@@ -10,6 +10,7 @@ tombstoned pages, so a read of a hidden page shows as NaN.
 from __future__ import annotations
 
 import itertools
+import sys
 
 import pytest
 import torch
@@ -153,3 +154,38 @@ def test_cuda_decode(batch, context, splits, gen, device):
             num_splits=splits, device=device, gen=gen)
     compare([1] * batch, seq, ps=16, hq=16, hkv=8, dk=256, dv=256, dtype=torch.bfloat16, num_splits=splits,
             softcap=50.0, device=device, gen=gen)
+
+
+# -- benchmarks/bench_attention.py --
+
+
+def _bench(monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "benchmarks"
+    monkeypatch.syspath_prepend(str(folder))  # its `from bench_kernels import write_rows`
+    spec = importlib.util.spec_from_file_location("bench_attention", folder / "bench_attention.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_attention", module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_refuses_without_cuda(monkeypatch, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the benchmark runs")
+    assert _bench(monkeypatch).main(["--out", "/nonexistent/x.csv"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_bench_smoke_writes_rows(monkeypatch, tmp_path, device):
+    import csv
+
+    out = tmp_path / "attention.csv"
+    assert _bench(monkeypatch).main(["--smoke", "--out", str(out), "--budget-ms", "5"]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["phase"], r["impl"], r["ok"]) for r in rows] == [("decode", "triton", "True"),
+                                                                 ("prefill", "triton", "True")]
+    # 3 requests x 8 visible keys (window) x 2 KV heads x (K + V) x 64 x 2 bytes, q + out, 3 table entries each
+    assert int(rows[0]["bytes"]) == 3 * 8 * 2 * 2 * 64 * 2 + 2 * 3 * 4 * 64 * 2 + 3 * 3 * 4
