@@ -193,7 +193,7 @@ def _replay(argv: Sequence[str]) -> int:
         # the oracle scores memory only: the cost model runs it, also for a real replay
         oracle_config = config.with_(layout="oracle", compaction="lazy", static_ratio=None, engine=engine,
                                      executor="cost", weights=None, device="cpu", dtype=None,
-                                     real_clock="measured")
+                                     real_clock="measured", decode_graphs=False)
         with progress_bar("oracle", show=show) as progress:
             oracle = run(oracle_config, progress=progress)
         result.summary.update(capacity_efficiency(result.summary, oracle.summary))

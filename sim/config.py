@@ -150,6 +150,9 @@ class RunConfig:
             KV-cache dtype's; the pool stores KV in the model's dtype).
         real_clock: real executor: the clock advances by the "measured" step
             time, or by the "cost" model's (the same steps as a cost-model run).
+        decode_graphs: real executor: decode-only steps run through static
+            buffers per batch-size bucket, captured as CUDA graphs on a GPU
+            (`sim.real.graphs`).
     """
 
     trace: str = _opt("azure_conv", "bundled sample name or trace file path")
@@ -176,6 +179,8 @@ class RunConfig:
     device: str = _opt("cpu", "real executor: cpu, cuda or cuda:N")
     dtype: str | None = _opt(None, "real executor: model dtype fp32 or bf16 (none: the KV-cache dtype)")
     real_clock: str = _opt("measured", "real executor: advance the clock by the measured or the cost-model step time")
+    decode_graphs: bool = _opt(False, "real executor: decode steps through static per-bucket buffers, "
+                                      "captured as CUDA graphs on a GPU")
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
@@ -286,7 +291,8 @@ def _check_executor(config: RunConfig) -> None:
                                            (device.startswith("cuda:") and device[5:].isdigit())):
         raise ValueError(f"device={device!r} must be 'cpu', 'cuda' or 'cuda:N'")
     if config.executor == "cost":
-        for name, default in (("weights", None), ("device", "cpu"), ("dtype", None), ("real_clock", "measured")):
+        for name, default in (("weights", None), ("device", "cpu"), ("dtype", None), ("real_clock", "measured"),
+                              ("decode_graphs", False)):
             if getattr(config, name) != default:
                 raise ValueError(f"{name}={getattr(config, name)!r} applies only to executor='real'; "
                                  "pass executor='real' or leave it unset")

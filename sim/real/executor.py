@@ -47,10 +47,12 @@ class RealExecutor:
         device: the model's device ("cpu", "cuda", "cuda:N").
         cost: the cost-model executor whose times the clock takes instead
             of the measured ones (None: measured).
+        graphs: a `sim.real.graphs.DecodeGraphs` decode-only steps run
+            through (None: every step eagerly).
     """
 
     def __init__(self, memory, model, views, tokens: TokenSource, *, bands, device: str = "cpu",
-                 cost=None) -> None:
+                 cost=None, graphs=None) -> None:
         self.mem = memory
         self.model = model
         self.views = views
@@ -59,6 +61,7 @@ class RealExecutor:
         self.device = device
         self.cuda = str(device).startswith("cuda")
         self.cost = cost
+        self.graphs = graphs
         self.generated: dict[int, list[int]] = {}  # rid -> the model's tokens, in order
         self.step_s: list[float] = []  # measured seconds of each step
         self.forward_tokens = 0  # tokens computed, prefill recomputations included
@@ -74,13 +77,18 @@ class RealExecutor:
         batch = build_batch(plan, self.mem.pool, self.tokens, self.generated, self.bands, self.device)
         ctx = StepContext(views=self.views, block_tables=dict(batch.block_tables), cu_q=batch.cu_q,
                           seq_lens=batch.seq_lens, write_slots=dict(batch.write_slots), layout=batch.layout)
-        keep = batch.sample_rows if batch.layout == "packed" else 0
-        with torch.inference_mode(), use_step(ctx):
-            out = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
-                             use_cache=False, logits_to_keep=keep)
-        # packed: logits [1, S, V] at the sampled rows; padded: [B, 1, V], every row samples
-        logits = out.logits[0] if batch.layout == "packed" else out.logits[:, -1]
-        picks = logits.argmax(-1)
+        picks = None
+        if self.graphs is not None and batch.layout == "padded":
+            with torch.inference_mode():
+                picks = self.graphs.run(batch)  # None: no bucket fits, run it eagerly
+        if picks is None:
+            keep = batch.sample_rows if batch.layout == "packed" else 0
+            with torch.inference_mode(), use_step(ctx):
+                out = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                                 use_cache=False, logits_to_keep=keep)
+            # packed: logits [1, S, V] at the sampled rows; padded: [B, 1, V], every row samples
+            logits = out.logits[0] if batch.layout == "packed" else out.logits[:, -1]
+            picks = logits.argmax(-1)
         self._pending = (batch, picks)
         self.forward_tokens += batch.num_tokens
         return self.mem.new_event(f"step {plan.index}")  # on CUDA: recorded after the forward
@@ -167,20 +175,34 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
         views = KVViews(pool, placed.kv)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"layout={config.layout!r}: the real executor cannot view this pool ({exc})") from None
-    lm.set_attn_implementation(attention.register())
-    specs = placed.kv
+    # a graph capture may not read the device: no mask preprocessing then (attention.register)
+    lm.set_attn_implementation(attention.register(mask=not config.decode_graphs))
+    bands = sorted({s.band for s in placed.kv})
     block = memory.cache.block_tokens if memory.cache is not None else None
     tokens = TokenSource(vocab_size=int(lm.config.vocab_size), block_tokens=block, seed=config.seed)
     cost = CostModelExecutor(memory, step_cost, kv_read) if config.real_clock == "cost" else None
-    return RealExecutor(memory, lm, views, tokens, bands=sorted({s.band for s in specs}),
-                        device=config.device, cost=cost)
+    graphs = None
+    if config.decode_graphs:
+        from unikv.sim.real.graphs import DecodeGraphs
+
+        graphs = DecodeGraphs(lm, views, bands, device=config.device, max_pages=_max_pages(lm.config, memory))
+    return RealExecutor(memory, lm, views, tokens, bands=bands, device=config.device, cost=cost, graphs=graphs)
+
+
+def _max_pages(hf_config, memory) -> int:
+    """The most pages one request can hold: the model's context or the
+    pool's token capacity, whichever is smaller."""
+    capacity = memory.pool.layout.total_bytes // memory.token_entry_bytes
+    tokens = min(int(getattr(hf_config, "max_position_embeddings", capacity) or capacity), capacity)
+    return -(-tokens // memory.ps) + 1
 
 
 def executor_identity(config) -> dict:
     """What ran the steps, for the run's identity (summary.json)."""
     return {"executor": config.executor, "device": config.device,
             "dtype": config.dtype or config.kv_cache_dtype,
-            "weights": config.weights or f"random (seed {config.seed})", "real_clock": config.real_clock}
+            "weights": config.weights or f"random (seed {config.seed})", "real_clock": config.real_clock,
+            "decode_graphs": config.decode_graphs}
 
 
 def executor_summary(config, executor: RealExecutor) -> dict:
@@ -190,4 +212,7 @@ def executor_summary(config, executor: RealExecutor) -> dict:
     out = executor_identity(config)
     out.update({"real_steps": len(steps), "real_step_s_mean": sum(steps) / len(steps) if steps else None,
                 "real_step_s_total": sum(steps), "real_forward_tokens": executor.forward_tokens})
+    if executor.graphs is not None:
+        stats = executor.graphs.stats()
+        out.update(graph_steps=stats["steps"], graph_buckets=stats["buckets"], graph_captured=stats["captured"])
     return out

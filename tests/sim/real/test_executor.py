@@ -72,7 +72,8 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def replay(tmp_path, monkeypatch, name: str, compaction: str, budget_gib: float, device: str = "cpu"):
+def replay(tmp_path, monkeypatch, name: str, compaction: str, budget_gib: float, device: str = "cpu",
+           graphs: bool = False):
     """Run the trace; returns (result, executor, generated counts at each retraction)."""
     path = tmp_path / name / "config.json"
     path.parent.mkdir()
@@ -89,7 +90,7 @@ def replay(tmp_path, monkeypatch, name: str, compaction: str, budget_gib: float,
 
     monkeypatch.setattr(Memory, "retract", counting_retract)
     config = RunConfig(trace="test", model=str(path), kv_cache_dtype="fp32", executor="real", real_clock="cost",
-                       device=device,
+                       device=device, decode_graphs=graphs,
                        kv_budget_gib=budget_gib, page_size=4, layout="end_end", compaction=compaction,
                        check_every=1, scheduler=SchedulerConfig(
                            max_running=16, prefill_tokens_per_step=48, reserve_init=0.0, reserve_min=0.0,
@@ -121,12 +122,20 @@ CASES = [("llama", "lazy", 0.00004), ("llama", "eager", 0.00003), ("gemma3", "ea
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.mark.parametrize("name,compaction,budget_gib,device",
-                         [(*c, "cpu") for c in CASES] + [pytest.param(*c, "cuda", marks=[CUDA, pytest.mark.gpu])
-                                                         for c in CASES])
+GPU = [CUDA, pytest.mark.gpu]
+
+
+@pytest.mark.parametrize("name,compaction,budget_gib,device,graphs",
+                         [(*c, "cpu", False) for c in CASES] + [("gpt_oss", "lazy", 0.00003, "cpu", True)]
+                         + [pytest.param(*c, "cuda", False, marks=GPU) for c in CASES]
+                         + [pytest.param(*c, "cuda", True, marks=GPU) for c in CASES])
 def test_greedy_tokens_through_the_pool_equal_transformers_own_cache(tmp_path, monkeypatch, one_thread, name,
-                                                                     compaction, budget_gib, device):
-    res, ex, retracted_at = replay(tmp_path, monkeypatch, name, compaction, budget_gib, device)
+                                                                     compaction, budget_gib, device, graphs):
+    """`graphs`: decode steps through the per-bucket static buffers
+    (`sim.real.graphs`; captured as CUDA graphs on a GPU)."""
+    res, ex, retracted_at = replay(tmp_path, monkeypatch, name, compaction, budget_gib, device, graphs)
+    if graphs:
+        assert res.summary["graph_steps"] > 0 and res.summary["graph_captured"] == (device == "cuda")
     assert res.violations == []
     steps, requests = res.steps, res.requests
     assert steps["moves"].iloc[-1] > 0, "compaction moved no page: the budget is not tight enough"
