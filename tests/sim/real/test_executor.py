@@ -73,7 +73,7 @@ def one_thread():
 
 
 def replay(tmp_path, monkeypatch, name: str, compaction: str, budget_gib: float, device: str = "cpu",
-           graphs: bool = False):
+           graphs: bool = False, clock: str = "cost"):
     """Run the trace; returns (result, executor, generated counts at each retraction)."""
     path = tmp_path / name / "config.json"
     path.parent.mkdir()
@@ -89,7 +89,7 @@ def replay(tmp_path, monkeypatch, name: str, compaction: str, budget_gib: float,
         retract(self, req, now)
 
     monkeypatch.setattr(Memory, "retract", counting_retract)
-    config = RunConfig(trace="test", model=str(path), kv_cache_dtype="fp32", executor="real", real_clock="cost",
+    config = RunConfig(trace="test", model=str(path), kv_cache_dtype="fp32", executor="real", real_clock=clock,
                        device=device, decode_graphs=graphs,
                        kv_budget_gib=budget_gib, page_size=4, layout="end_end", compaction=compaction,
                        check_every=1, scheduler=SchedulerConfig(
@@ -202,3 +202,10 @@ def test_a_real_replay_of_a_bundled_slice_writes_the_cost_replays_tables(tmp_pat
         pd.read_parquet(tmp_path / "real" / "steps.parquet"))
     assert got["identity"]["executor"]["weights"] == "random (seed 0)"
     assert want["identity"]["executor"] == {"executor": "cost"}
+
+
+def test_the_measured_clock_advances_by_each_steps_measured_time(tmp_path, monkeypatch, one_thread):
+    res, ex, _ = replay(tmp_path, monkeypatch, "llama", "lazy", 0.0001, clock="measured")
+    times = res.steps["step_time_s"].tolist()
+    assert times == ex.step_s and all(t > 0 for t in times)
+    assert res.summary["real_step_s_total"] == pytest.approx(sum(times))
