@@ -214,5 +214,6 @@ def executor_summary(config, executor: RealExecutor) -> dict:
                 "real_step_s_total": sum(steps), "real_forward_tokens": executor.forward_tokens})
     if executor.graphs is not None:
         stats = executor.graphs.stats()
-        out.update(graph_steps=stats["steps"], graph_buckets=stats["buckets"], graph_captured=stats["captured"])
+        out.update(graph_steps=stats["steps"], graph_buckets=stats["buckets"], graph_captured=stats["captured"],
+                   graph_capture_failures={str(k): v for k, v in stats["failures"].items()})
     return out

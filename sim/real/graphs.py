@@ -64,6 +64,7 @@ class DecodeGraphs:
         self.buckets = tuple(sorted(buckets))
         self.capture = str(device).startswith("cuda") if capture is None else capture
         self._buckets: dict[int, _Bucket] = {}
+        self.failures: dict[int, str] = {}  # bucket -> why its capture failed
 
     def bucket(self, batch_size: int) -> int | None:
         """The smallest bucket holding `batch_size` requests (None: none does)."""
@@ -139,12 +140,22 @@ class DecodeGraphs:
                 self._forward(st)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(graph):
-            st.out = self._forward(st)
+        try:
+            with torch.inference_mode(), torch.cuda.graph(graph):
+                st.out = self._forward(st)
+        except RuntimeError as exc:
+            # a forward that syncs or changes shape with the data (transformers'
+            # eager MoE loops over the experts hit) cannot be captured: this
+            # bucket runs its static buffers eagerly, and the stats say why
+            self.failures[n] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            st.out = None
+            return st
         st.graph = graph
         return st
 
     def stats(self) -> dict:
-        """Buckets built, steps run through them, and whether they were captured."""
+        """Buckets built, steps run through them, buckets captured as graphs,
+        and why a capture failed (bucket -> the error's first line)."""
         return {"buckets": sorted(self._buckets), "steps": sum(b.steps for b in self._buckets.values()),
-                "captured": self.capture}
+                "captured": sorted(n for n, b in self._buckets.items() if b.graph is not None),
+                "failures": dict(self.failures)}

@@ -135,7 +135,12 @@ def test_greedy_tokens_through_the_pool_equal_transformers_own_cache(tmp_path, m
     (`sim.real.graphs`; captured as CUDA graphs on a GPU)."""
     res, ex, retracted_at = replay(tmp_path, monkeypatch, name, compaction, budget_gib, device, graphs)
     if graphs:
-        assert res.summary["graph_steps"] > 0 and res.summary["graph_captured"] == (device == "cuda")
+        assert res.summary["graph_steps"] > 0
+        captured = res.summary["graph_captured"]
+        if device == "cpu":
+            assert captured == []
+        elif name != "gpt_oss":  # transformers' eager MoE may not be capturable: then it says why
+            assert captured and not res.summary["graph_capture_failures"], res.summary["graph_capture_failures"]
     assert res.violations == []
     steps, requests = res.steps, res.requests
     assert steps["moves"].iloc[-1] > 0, "compaction moved no page: the budget is not tight enough"
