@@ -71,27 +71,33 @@ class RealExecutor:
     def launch(self, plan: StepPlan) -> Any:
         """Run `plan`'s forward; returns its done event."""
         import torch
-        from unikv.sim.real.attention import StepContext, use_step
 
         self._t0 = time.perf_counter()
         batch = build_batch(plan, self.mem.pool, self.tokens, self.generated, self.bands, self.device)
-        ctx = StepContext(views=self.views, block_tables=dict(batch.block_tables), cu_q=batch.cu_q,
-                          seq_lens=batch.seq_lens, write_slots=dict(batch.write_slots), layout=batch.layout)
         picks = None
         if self.graphs is not None and batch.layout == "padded":
             with torch.inference_mode():
                 picks = self.graphs.run(batch)  # None: no bucket fits, run it eagerly
         if picks is None:
-            keep = batch.sample_rows if batch.layout == "packed" else 0
-            with torch.inference_mode(), use_step(ctx):
-                out = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
-                                 use_cache=False, logits_to_keep=keep)
-            # packed: logits [1, S, V] at the sampled rows; padded: [B, 1, V], every row samples
-            logits = out.logits[0] if batch.layout == "packed" else out.logits[:, -1]
-            picks = logits.argmax(-1)
+            picks = self._forward(batch)
         self._pending = (batch, picks)
         self.forward_tokens += batch.num_tokens
         return self.mem.new_event(f"step {plan.index}")  # on CUDA: recorded after the forward
+
+    def _forward(self, batch: StepBatch) -> Any:
+        """The eager forward of `batch`; returns the greedy token of each sampled row."""
+        import torch
+        from unikv.sim.real.attention import StepContext, use_step
+
+        ctx = StepContext(views=self.views, block_tables=dict(batch.block_tables), cu_q=batch.cu_q,
+                          seq_lens=batch.seq_lens, write_slots=dict(batch.write_slots), layout=batch.layout)
+        keep = batch.sample_rows if batch.layout == "packed" else 0
+        with torch.inference_mode(), use_step(ctx):
+            out = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                             use_cache=False, logits_to_keep=keep)
+        # packed: logits [1, S, V] at the sampled rows; padded: [B, 1, V], every row samples
+        logits = out.logits[0] if batch.layout == "packed" else out.logits[:, -1]
+        return logits.argmax(-1)
 
     def duration_s(self, plan: StepPlan, moved_bytes: int) -> float:
         """Wait for the step, keep its tokens; its seconds (measured, or the
@@ -112,6 +118,7 @@ class RealExecutor:
         return measured
 
     def done(self, event: Any) -> None:
+        """The step's time has passed: fire a sim event (a CUDA event fired on the device)."""
         fire = getattr(event, "fire", None)
         if fire is not None:  # a sim event: nothing fires it but us
             fire()
