@@ -179,17 +179,20 @@ class KVViews:
         """
         if band not in self.bands:
             raise ValueError(f"band={band!r} is not one of the views' bands {self.bands}")
-        rows = [np.asarray(r, dtype=np.int64).reshape(-1) for r in requests_pages]
-        longest = max((len(r) for r in rows), default=0)
+        lens = np.fromiter(map(len, requests_pages), dtype=np.int64, count=len(requests_pages))
+        longest = int(lens.max(initial=0))
         w = max(longest, 1) if width is None else width
         if isinstance(w, bool) or not isinstance(w, int) or w < max(longest, 1):
             raise ValueError(f"block_table: width={width!r} must be an integer >= {max(longest, 1)} "
                              "(the longest request's pages)")
-        table = np.zeros((len(rows), w), dtype=np.int64)  # virtual page 0 maps to the sink
-        for i, r in enumerate(rows):
-            table[i, : len(r)] = r
-        slots = _as_tensor(self._pool.translate(table.reshape(-1) * self.page_size, band), self.device)
-        return (slots // self.page_size).to(torch.int32).reshape(len(rows), w)
+        table = np.zeros((len(lens), w), dtype=np.int64)  # virtual page 0 maps to the sink
+        if longest:
+            table[np.arange(w) < lens[:, None]] = np.concatenate(requests_pages, dtype=np.int64)
+        slots = self._pool.translate(table.reshape(-1) * self.page_size, band)
+        if isinstance(slots, np.ndarray) or slots.device.type == "cpu":  # host memory: divide there
+            pages = torch.from_numpy(np.asarray(slots) // self.page_size).to(torch.int32)
+            return pages.to(self.device).reshape(len(lens), w)
+        return (slots // self.page_size).to(torch.int32).reshape(len(lens), w)
 
     def write(self, layer: int, slots, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
         """Store N tokens' K / V of `layer` at physical `slots` of its band.
