@@ -173,8 +173,12 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
     dtype = config.dtype or config.kv_cache_dtype
     lm = real_model.build_model(path, dtype=dtype, device=config.device, weights=config.weights,
                                 seed=config.seed)
-    placed = layers.model_layers(lm.config, real_model.torch_dtype(dtype))
-    if placed.window_tokens != memory.window:
+    # a layout that folds the window layers into the full band (SGLang's, `sim.sglang.deployed_model`)
+    # keeps their KV there: the attention still applies the window
+    folded = "swa" not in {b.name for b in pool.layout.token_bands}
+    placed = layers.model_layers(lm.config, real_model.torch_dtype(dtype),
+                                 bands={"sliding": "full"} if folded else None)
+    if not folded and placed.window_tokens != memory.window:
         raise ValueError(f"model={config.model!r}: the model slides over {placed.window_tokens} tokens, the "
                          f"layout's window band over {memory.window}")
     try:

@@ -73,7 +73,7 @@ def one_thread():
 
 
 def replay(tmp_path, monkeypatch, name: str, compaction: str, budget_gib: float, device: str = "cpu",
-           graphs: bool = False, clock: str = "cost"):
+           graphs: bool = False, clock: str = "cost", layout: str = "end_end"):
     """Run the trace; returns (result, executor, generated counts at each retraction)."""
     path = tmp_path / name / "config.json"
     path.parent.mkdir()
@@ -91,7 +91,7 @@ def replay(tmp_path, monkeypatch, name: str, compaction: str, budget_gib: float,
     monkeypatch.setattr(Memory, "retract", counting_retract)
     config = RunConfig(trace="test", model=str(path), kv_cache_dtype="fp32", executor="real", real_clock=clock,
                        device=device, decode_graphs=graphs,
-                       kv_budget_gib=budget_gib, page_size=4, layout="end_end", compaction=compaction,
+                       kv_budget_gib=budget_gib, page_size=4, layout=layout, compaction=compaction,
                        check_every=1, scheduler=SchedulerConfig(
                            max_running=16, prefill_tokens_per_step=48, reserve_init=0.0, reserve_min=0.0,
                            reserve_decay=0.0))
@@ -214,3 +214,17 @@ def test_the_measured_clock_advances_by_each_steps_measured_time(tmp_path, monke
     times = res.steps["step_time_s"].tolist()
     assert times == ex.step_s and all(t > 0 for t in times)
     assert res.summary["real_step_s_total"] == pytest.approx(sum(times))
+
+
+def test_a_layout_that_folds_the_window_layers_into_the_full_band(tmp_path, monkeypatch, one_thread):
+    """SGLang's layout keeps Gemma-3's window layers on the full band (no
+    window release): the attention still masks the window, tokens equal."""
+    res, ex, _ = replay(tmp_path, monkeypatch, "gemma3", "lazy", 0.00008, layout="sglang")
+    assert res.violations == [] and ex.views.band(0) == "full" and ex.bands == ("full",)
+    model = ex.model
+    model.set_attn_implementation("eager")
+    hashes = trace()["prefix_hashes"]
+    with torch.inference_mode():
+        for rid, prompt, out in zip(res.requests["rid"], res.requests["prompt_tokens"], res.requests["output_tokens"]):
+            req = Request(int(rid), 0.0, int(prompt), int(out), tuple(hashes[int(rid)]))
+            assert ex.generated[int(rid)] == reference(model, ex.tokens.prompt(req), int(out)), f"request {rid}"
