@@ -81,26 +81,36 @@ def _vids(r: Request, start: int, stop: int, ps: int) -> np.ndarray:
     return pages[pos // ps] * ps + pos % ps
 
 
-def _host(x) -> np.ndarray:
-    """A translate answer (numpy, or a torch tensor on any device) on the host."""
-    return x if isinstance(x, np.ndarray) else x.cpu().numpy()
+def _tensor(x, device):
+    """A translate answer as a torch tensor on `device`: a host numpy array
+    is wrapped (no copy) and uploaded once, a device tensor (a CUDA pool's
+    answer) stays where it is: no round trip through the host."""
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
+    return t.to(device=device, dtype=torch.int64)
 
 
-def block_tables(pool, requests: Sequence[Request], bands: Sequence[str]) -> dict[str, np.ndarray]:
-    """Per band, `[B, W]` int32 physical pages of each request's virtual
-    pages (W: the most pages a request holds; padding and released pages 0)."""
+def block_tables(pool, requests: Sequence[Request], bands: Sequence[str], device: Any = "cpu") -> dict:
+    """Per band, `[B, W]` int32 physical pages (torch, on `device`) of each
+    request's virtual pages (W: the most pages a request holds; padding and
+    released pages 0)."""
+    import torch
+
     ps = pool.page_size
-    width = max([len(r.pages) for r in requests], default=0)
     counts = [len(r.pages) for r in requests]
+    width = max(max(counts, default=0), 1)
     flat = np.array([p for r in requests for p in r.pages], dtype=np.int64) * ps
-    rows = np.repeat(np.arange(len(requests)), counts)
-    cols = np.concatenate([np.arange(c) for c in counts]) if counts else np.empty(0, np.int64)
+    # row-major flat index of each page's cell in the [B, W] table
+    cells = np.concatenate([np.arange(c) + b * width for b, c in enumerate(counts)]) if flat.size \
+        else np.empty(0, np.int64)
+    where = torch.from_numpy(cells).to(device)
     out = {}
     for band in bands:
-        table = np.zeros((len(requests), max(width, 1)), dtype=np.int32)
-        if len(flat):
-            table[rows, cols] = _host(pool.translate(flat, band)) // ps
-        out[band] = table
+        table = torch.zeros(len(requests) * width, dtype=torch.int32, device=device)
+        if flat.size:
+            table[where] = (_tensor(pool.translate(flat, band), device) // ps).to(torch.int32)
+        out[band] = table.reshape(len(requests), width)
     return out
 
 
@@ -136,8 +146,8 @@ def build_batch(plan: StepPlan, pool, tokens: TokenSource, generated: Mapping[in
     def dev(a, dtype):
         return torch.as_tensor(np.ascontiguousarray(a), device=device).to(dtype)
 
-    writes = {band: dev(_host(pool.translate(vids, band)), torch.int64) for band in bands}
-    tables = {band: dev(t, torch.int32) for band, t in block_tables(pool, batch, bands).items()}
+    writes = {band: _tensor(pool.translate(vids, band), device) for band in bands}
+    tables = block_tables(pool, batch, bands, device)
     return StepBatch(
         layout=layout,
         input_ids=dev(np.concatenate(ids), torch.int64).reshape(shape),
