@@ -18,7 +18,15 @@ from pathlib import Path
 
 import pandas as pd
 from tqdm import tqdm
-from unikv.sim.config import COMPACTIONS, LAYOUTS, OVERSIZE, RunConfig, SchedulerConfig
+from unikv.sim.config import (
+    COMPACTIONS,
+    EXECUTORS,
+    LAYOUTS,
+    OVERSIZE,
+    REAL_CLOCKS,
+    RunConfig,
+    SchedulerConfig,
+)
 from unikv.sim.engines import ENGINE_OF_LAYOUT, effective_engine
 from unikv.sim.layouts import applicable_kinds
 from unikv.sim.models import load_model
@@ -47,7 +55,8 @@ def _add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = (
                                 help=helptext)
 
 
-_CHOICES = {"layout": LAYOUTS, "compaction": COMPACTIONS, "oversize": OVERSIZE}
+_CHOICES = {"layout": LAYOUTS, "compaction": COMPACTIONS, "oversize": OVERSIZE, "executor": EXECUTORS,
+            "real_clock": REAL_CLOCKS}
 
 
 def _base_type(hint) -> tuple[type, bool]:
@@ -181,7 +190,10 @@ def _replay(argv: Sequence[str]) -> int:
         # the oracle ignores compaction and the static ratio, and runs under
         # the same engine rules as the layout it scores
         engine = effective_engine(config.scheduler.engine, config.layout)
-        oracle_config = config.with_(layout="oracle", compaction="lazy", static_ratio=None, engine=engine)
+        # the oracle scores memory only: the cost model runs it, also for a real replay
+        oracle_config = config.with_(layout="oracle", compaction="lazy", static_ratio=None, engine=engine,
+                                     executor="cost", weights=None, device="cpu", dtype=None,
+                                     real_clock="measured", decode_graphs=False)
         with progress_bar("oracle", show=show) as progress:
             oracle = run(oracle_config, progress=progress)
         result.summary.update(capacity_efficiency(result.summary, oracle.summary))

@@ -19,6 +19,13 @@ LAYOUTS = (
 )
 COMPACTIONS = ("lazy", "eager")
 OVERSIZE = ("error", "reject")
+EXECUTORS = ("cost", "real")
+"""What runs a step: the cost model, or real model forwards over the pool (`sim.real`)."""
+REAL_CLOCKS = ("measured", "cost")
+REAL_DTYPES = ("fp32", "bf16")
+REAL_LAYOUTS = ("fixed_ratio", "sglang", "end_end", "end_float_end")
+"""The layouts whose pool keeps bytes the real executor's KV views can read
+(the oracle and vLLM pools count bytes without a byte layout)."""
 RATIO_LAYOUTS = ("fixed_ratio",)
 """The layouts `static_ratio` applies to (`sim.layouts.build_layout`)."""
 COMPACTING_LAYOUTS = ("end_end", "end_float_end")
@@ -136,6 +143,18 @@ class RunConfig:
         hardware: the accelerator's cost coefficients: a bundled name
             (`sim.cost.hardware_names()`) or a hardware JSON file
             (`HardwareSpec.load`; docs/cost_model.md).
+        executor: "cost" (the cost model times each step) or "real" (a
+            transformers forward per step over the pool; docs/real_executor.md).
+        weights: real executor: a folder of safetensors for the model's
+            config (None: random weights seeded by `seed`).
+        device: real executor: "cpu", "cuda" or "cuda:N".
+        dtype: real executor: the model's dtype, "fp32" or "bf16" (None: the
+            KV-cache dtype's; the pool stores KV in the model's dtype).
+        real_clock: real executor: the clock advances by the "measured" step
+            time, or by the "cost" model's (the same steps as a cost-model run).
+        decode_graphs: real executor: decode-only steps run through static
+            buffers per batch-size bucket, captured as CUDA graphs on a GPU
+            (`sim.real.graphs`).
     """
 
     trace: str = _opt("azure_conv", "bundled sample name or trace file path")
@@ -147,7 +166,7 @@ class RunConfig:
     rate_scale: float = _opt(1.0, "replay this many times faster")
     max_requests: int | None = _opt(None, "keep the first N requests")
     model: str = _opt("gemma-3-12b", "bundled model name or a Hugging Face config.json path")
-    kv_cache_dtype: str = _opt("bf16", "KV-cache dtype: bf16, fp8_e4m3 or fp8_e5m2")
+    kv_cache_dtype: str = _opt("bf16", "KV-cache dtype: bf16, fp8_e4m3, fp8_e5m2 or fp32")
     kv_budget_gib: float = _opt(8.0, "KV buffer size in GiB")
     page_size: int = _opt(16, "tokens per page")
     layout: str = _opt("end_end", "layout kind")
@@ -158,6 +177,13 @@ class RunConfig:
     check_every: int = _opt(0, "verify pool invariants every N steps (0: never)")
     hardware: str = _opt("h200", "bundled hardware name (h200) or a hardware JSON file (docs/cost_model.md)")
     gpu: str | None = _opt(None, "bundled GPU spec by name (h200, h100-sxm, b200, ...; default: --hardware's)")
+    executor: str = _opt("cost", "what runs the steps: cost (the cost model) or real (model forwards)")
+    weights: str | None = _opt(None, "real executor: folder of safetensors (none: random weights)")
+    device: str = _opt("cpu", "real executor: cpu, cuda or cuda:N")
+    dtype: str | None = _opt(None, "real executor: model dtype fp32 or bf16 (none: the KV-cache dtype)")
+    real_clock: str = _opt("measured", "real executor: advance the clock by the measured or the cost-model step time")
+    decode_graphs: bool = _opt(False, "real executor: decode steps through static per-bucket buffers, "
+                                      "captured as CUDA graphs on a GPU")
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
@@ -173,6 +199,7 @@ class RunConfig:
         _check_numbers(self)
         _check_trace_window(self)
         _check_applies(self)
+        _check_executor(self)
 
     def with_(self, **changes) -> RunConfig:
         """A copy with `changes` (scheduler fields may be given flat)."""
@@ -267,6 +294,35 @@ def _check_applies(config: RunConfig) -> None:
     if config.compaction != "lazy" and config.layout not in COMPACTING_LAYOUTS:
         raise ValueError(f"compaction={config.compaction!r} has no effect on layout={config.layout!r} "
                          f"(only {', '.join(COMPACTING_LAYOUTS)} compact); leave it at 'lazy'")
+
+
+def _check_executor(config: RunConfig) -> None:
+    """The executor and its options: real-executor options need executor='real'."""
+    if config.executor not in EXECUTORS:
+        raise ValueError(f"executor={config.executor!r}; valid executors are {list(EXECUTORS)}")
+    if config.real_clock not in REAL_CLOCKS:
+        raise ValueError(f"real_clock={config.real_clock!r}; valid clocks are {list(REAL_CLOCKS)}")
+    if config.dtype is not None and config.dtype not in REAL_DTYPES:
+        raise ValueError(f"dtype={config.dtype!r}; valid dtypes are {list(REAL_DTYPES)} or none")
+    device = config.device
+    if not isinstance(device, str) or not (device in ("cpu", "cuda") or
+                                           (device.startswith("cuda:") and device[5:].isdigit())):
+        raise ValueError(f"device={device!r} must be 'cpu', 'cuda' or 'cuda:N'")
+    if config.executor == "cost":
+        for name, default in (("weights", None), ("device", "cpu"), ("dtype", None), ("real_clock", "measured"),
+                              ("decode_graphs", False)):
+            if getattr(config, name) != default:
+                raise ValueError(f"{name}={getattr(config, name)!r} applies only to executor='real'; "
+                                 "pass executor='real' or leave it unset")
+        return
+    if config.layout not in REAL_LAYOUTS:
+        raise ValueError(f"layout={config.layout!r}: the real executor cannot view its pool (it keeps no byte "
+                         f"layout); valid layouts for executor='real' are {list(REAL_LAYOUTS)}")
+    dtype = config.dtype or config.kv_cache_dtype
+    if dtype not in REAL_DTYPES or config.kv_cache_dtype != dtype:
+        raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype!r} with dtype={config.dtype!r}: the real "
+                         f"executor stores KV in the model's dtype, one of {list(REAL_DTYPES)}; pass the "
+                         "same kv_cache_dtype and dtype")
 
 
 SCHEDULER_FIELDS = {f.name for f in fields(SchedulerConfig)}

@@ -18,7 +18,7 @@ from typing import Any
 # Bytes per element of each KV-cache dtype a ModelSpec accepts. Per-tensor
 # scales (vLLM / SGLang fp8 `k_scale`, `v_scale`) are per layer, not per
 # token, so an fp8 element costs one byte.
-KV_CACHE_DTYPES = {"bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+KV_CACHE_DTYPES = {"bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp32": 4}  # fp32: the real executor's CPU tests
 # fp4 KV caches (vLLM `nvfp4`, SGLang `fp4_e2m1`) keep per-block scales whose
 # layout is not pinned here: refused by name (docs/models.md, "Dtypes").
 REFUSED_KV_CACHE_DTYPES = ("fp4", "fp4_e2m1", "nvfp4", "mxfp4")

@@ -241,13 +241,17 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     # SGLang's cap first: a state pool without one request's slots refuses to start
     max_running = plan.max_running(config.scheduler.max_running, state.state_slots_per_request)
     limit = _request_limit(plan, config, reqs, state.state_slots_per_request)
-    pool = plan.make_pool(SimBackend(), config.compaction, ids="numpy")  # host ids, no tensor per call
+    real = config.executor == "real"
+    backend = _real().real_backend(config.device) if real else SimBackend()
+    pool = plan.make_pool(backend, config.compaction, ids="numpy")  # host ids, no tensor per call
     memory = Memory(pool, window_tokens=model.window_tokens if model.swa_layers else None,
                     block_tokens=block, meta_tokens=model.meta_tokens,
                     state_slots_per_request=state.state_slots_per_request)
     step_cost, step_time_model = cost_model.step_cost_model(model, hw, gpu)
+    kv_read = KVRead(model)
+    executor = _real().build_real_executor(config, memory, step_cost, kv_read) if real else None
     sim = Simulation(
-        reqs, memory, step_cost=step_cost, kv_bytes=KVRead(model),
+        reqs, memory, step_cost=step_cost, kv_bytes=kv_read, executor=executor,
         max_running=max_running,
         prefill_tokens_per_step=config.scheduler.prefill_tokens_per_step, max_tokens=limit,
         reserve=(config.scheduler.reserve_init, config.scheduler.reserve_min,
@@ -267,6 +271,9 @@ def _run(config, progress, trace_df, hw) -> RunResult:
                                 "state_slots_per_request": state.state_slots_per_request,
                                 "max_running": max_running}
     identity["hardware"] = hw.as_dict()  # every coefficient the run was charged at, with its provenance
+    identity["executor"] = _real().executor_identity(config) if real else {"executor": "cost"}
+    if real:
+        summary.update(_real().executor_summary(config, executor))
     return RunResult(config, identity, steps, requests, summary, sim.violations,
                      time.perf_counter() - t0)
 
@@ -291,6 +298,13 @@ def _hardware(config: RunConfig, hw):
     if hw is None or hw == loaded:
         return loaded, gpu, spec_source(name)
     return hw, None, f"HardwareSpec {hw.name!r} passed to sim.run.run"
+
+
+def _real():
+    """`sim.real.executor`, imported only for a real run (it needs torch)."""
+    from unikv.sim.real import executor
+
+    return executor
 
 
 def _request_limit(plan, config: RunConfig, reqs: list[Request], slots: int = 1) -> int:

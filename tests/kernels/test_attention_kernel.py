@@ -10,6 +10,7 @@ tombstoned pages, so a read of a hidden page shows as NaN.
 from __future__ import annotations
 
 import itertools
+import sys
 
 import pytest
 import torch
@@ -125,21 +126,27 @@ def test_checks(device):
 
 # -- CUDA only: the larger grid --
 
-CUDA_GRID = list(itertools.product([1, 3, 16], [64, 80, 128, 256], [(8, 8), (16, 8), (32, 4), (64, 8)],
-                                   [torch.bfloat16, torch.float32]))
+CUDA_GRID = list(itertools.product([1, 3, 16], [64, 80, 128, 256], [torch.bfloat16, torch.float32]))
+CUDA_HEADS = [(8, 8), (16, 8), (32, 4), (64, 8), (12, 4)]
+CUDA_SETTINGS = [(None, False, None), (64, True, None), (5000, False, 30.0), (7, True, 20.0)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ps,dk,heads,dtype", CUDA_GRID)
-def test_cuda_grid(ps, dk, heads, dtype, gen, device):
+@pytest.mark.parametrize("index,ps,dk,dtype", [(i, *c) for i, c in enumerate(CUDA_GRID)])
+def test_cuda_grid(index, ps, dk, dtype, gen, device):
+    """Each case: heads and two (window, sinks, softcap) settings picked by index (every one
+    kernel variant compiles on a bare machine: 2 settings x 24 cases, not the full product)."""
     if device.type != "cuda":
         pytest.skip("the large grid runs on CUDA only")
+    hq, hkv = CUDA_HEADS[index % len(CUDA_HEADS)]
     q_lens = torch.randint(1, 38, (12,), generator=gen).tolist()
     q_lens[::3] = [1] * len(q_lens[::3])
     seq_lens = [m + int(torch.randint(0, 300, (1,), generator=gen)) for m in q_lens]
-    for window, sinks, softcap in [(None, False, None), (64, True, None), (5000, False, 30.0), (7, True, 20.0)]:
-        compare(q_lens, seq_lens, ps=ps, hq=heads[0], hkv=heads[1], dk=dk, dv=dk, dtype=dtype, window=window,
+    for window, sinks, softcap in (CUDA_SETTINGS[index % 4], CUDA_SETTINGS[(index + 1 + (index // 4) % 3) % 4]):
+        compare(q_lens, seq_lens, ps=ps, hq=hq, hkv=hkv, dk=dk, dv=dk, dtype=dtype, window=window,
                 sinks=sinks, softcap=softcap, device=device, gen=gen)
+        compare([1] * 9, seq_lens[:9], ps=ps, hq=hq, hkv=hkv, dk=dk, dv=dk, dtype=dtype, window=window,
+                sinks=sinks, softcap=softcap, device=device, gen=gen)  # the decode plan
 
 
 @pytest.mark.gpu
@@ -153,3 +160,93 @@ def test_cuda_decode(batch, context, splits, gen, device):
             num_splits=splits, device=device, gen=gen)
     compare([1] * batch, seq, ps=16, hq=16, hkv=8, dk=256, dv=256, dtype=torch.bfloat16, num_splits=splits,
             softcap=50.0, device=device, gen=gen)
+
+
+# -- benchmarks/bench_attention.py --
+
+
+def _bench(monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "benchmarks"
+    monkeypatch.syspath_prepend(str(folder))  # its `from bench_kernels import write_rows`
+    spec = importlib.util.spec_from_file_location("bench_attention", folder / "bench_attention.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_attention", module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_refuses_without_cuda(monkeypatch, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the benchmark runs")
+    assert _bench(monkeypatch).main(["--out", "/nonexistent/x.csv"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_bench_smoke_writes_rows(monkeypatch, tmp_path, device):
+    import csv
+
+    out = tmp_path / "attention.csv"
+    assert _bench(monkeypatch).main(["--smoke", "--out", str(out), "--budget-ms", "5"]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["phase"], r["impl"], r["ok"]) for r in rows] == [("decode", "triton", "True"),
+                                                                 ("prefill", "triton", "True")]
+    # 3 requests x 8 visible keys (window) x 2 KV heads x (K + V) x 64 x 2 bytes, q + out, 3 table entries each
+    assert int(rows[0]["bytes"]) == 3 * 8 * 2 * 2 * 64 * 2 + 2 * 3 * 4 * 64 * 2 + 3 * 3 * 4
+
+
+# -- the compiled path, without a GPU --
+
+COMPILE_SM90 = r'''
+import os, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from unikv.kernels.attention import kernel as K
+
+def build(fn, sig, const, warps):
+    names = list(fn.arg_names)
+    sig = {**sig, **{k: "constexpr" for k in const}}
+    src = ASTSource(fn=fn, signature={n: sig[n] for n in names},
+                    constexprs={(names.index(k),): v for k, v in const.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+
+ptr = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", table_ptr="*i32", cu_ptr="*i32", seq_ptr="*i32",
+           sink_ptr="*fp32", out_ptr="*bf16", acc_ptr="*fp32", ml_ptr="*fp32")
+ints = {n: "i32" for n in ("batch", "tokens", "num_heads", "window", "sq_t", "sq_h", "sk_s", "sk_h", "sv_s",
+                           "sv_h", "so_t", "so_h", "st_b")}
+ints.update(scale="fp32", softcap="fp32", sk_p="i64", sv_p="i64")
+cfg = K.plan(tokens=8, batch=8, group=3, head_dim=80, key_bound=4096, sm_count=132)
+assert cfg["SPLITS"] > 1
+build(K._attention_kernel, {**ptr, **ints},
+      dict(DK=80, DV=64, PS=3, GROUP=3, BLOCK_Q=cfg["BLOCK_Q"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+           BLOCK_DK=128, BLOCK_DV=64, SPLITS=cfg["SPLITS"], HAS_WINDOW=True, HAS_SINKS=True, HAS_SOFTCAP=True,
+           PRECISION="tf32", UPCAST=False), cfg["num_warps"])
+build(K._combine_kernel, dict(acc_ptr="*fp32", ml_ptr="*fp32", sink_ptr="*fp32", out_ptr="*bf16", tokens="i32",
+                              num_heads="i32", so_t="i32", so_h="i32"),
+      dict(DV=64, SPLITS=cfg["SPLITS"], BLOCK_S=triton.next_power_of_2(cfg["SPLITS"]), BLOCK_DV=64, HAS_SINKS=True), 4)
+print("compiled")
+'''
+
+
+def test_compiles_for_sm90_without_a_gpu():
+    """The interpreter accepts code the compiler refuses (a plain global read, a
+    constexpr reassigned in a loop): compile every switch on, split-KV and the
+    combine, for sm_90 through the Triton wheel's ptxas, in a process without
+    TRITON_INTERPRET."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    import triton
+
+    if torch.cuda.is_available():
+        pytest.skip("on CUDA the other tests run the compiled kernel itself")
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        pytest.skip("this Triton install has no ptxas")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    done = subprocess.run([sys.executable, "-c", COMPILE_SM90], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]

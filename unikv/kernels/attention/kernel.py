@@ -47,7 +47,7 @@ import triton.language as tl
 from unikv.kernels.attention import reference
 from unikv.kernels.launch import cdiv, interpreted, next_pow2, runs_triton
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)  # a constexpr: jit code reads no other globals
 MAX_SPLITS = 32
 SPLIT_MIN_KEYS = 256  # a split below this many keys costs more in the reduce than it saves
 
@@ -55,8 +55,10 @@ SPLIT_MIN_KEYS = 256  # a split below this many keys costs more in the reduce th
 @triton.jit
 def _find_request(cu_ptr, g, batch, BLOCK_Q: tl.constexpr):
     # The largest request i whose first query block number cu_q[i] // BLOCK_Q + i is <= g.
-    lo = 0
-    hi = batch
+    # lo / hi start as int32 tensors: Triton passes an int argument equal to 1 as a
+    # constexpr, which a loop could not reassign.
+    lo = tl.zeros([], dtype=tl.int32)
+    hi = tl.zeros([], dtype=tl.int32) + batch
     while lo < hi:
         mid = (lo + hi) // 2
         if tl.load(cu_ptr + mid) // BLOCK_Q + mid <= g:
@@ -68,7 +70,7 @@ def _find_request(cu_ptr, g, batch, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _tanh(x):
-    e = tl.exp2(-2.0 * LOG2E * tl.abs(x))  # in (0, 1]: no overflow
+    e = tl.exp2(tl.abs(x) * (-2.0 * LOG2E))  # in (0, 1]: no overflow; tensor first (the interpreter)
     t = (1.0 - e) / (1.0 + e)
     return tl.where(x < 0, -t, t)
 
@@ -209,12 +211,18 @@ def plan(tokens: int, batch: int, group: int, head_dim: int, key_bound: int, sm_
     Returns:
         BLOCK_M, BLOCK_Q, BLOCK_N, SPLITS, num_warps.
     """
+    # Tile sizes: the largest that compile for sm_90 without register spills
+    # (ptxas via triton.compile for GPUTarget("cuda", 90, 32), bf16; see
+    # docs/kernels.md): wider key tiles spilled at head_dim > 64.
     decode = tokens <= 4 * batch
     if decode:
-        block_m, block_n, warps = 16, 64 if head_dim <= 128 else 32, 4
+        block_m, block_n, warps = 16, 64 if head_dim <= 64 else 32, 4
+    elif head_dim <= 64:
+        block_m, block_n, warps = 128, 64, 8
+    elif head_dim <= 128:
+        block_m, block_n, warps = 128, 32, 8
     else:
-        block_m = 128 if head_dim <= 128 else 64
-        block_n, warps = 64 if head_dim <= 128 else 32, 8 if head_dim <= 128 else 4
+        block_m, block_n, warps = 64, 16, 4
     block_m = max(block_m, next_pow2(group))
     block_q = block_m // group
     programs = (tokens // block_q + batch)

@@ -1,0 +1,230 @@
+"""The real executor: each planned step is one transformers forward over the pool.
+
+`RealExecutor` implements `unikv.sim.executor.Executor`. Per step the
+driver (`sim.engine`) calls:
+
+1. `launch(plan)`: build the forward's inputs (`sim.real.batch`), set the
+   attention function's step context (`sim.real.attention.use_step`), run
+   the model (its attention writes the new K/V into the pool and reads K/V
+   from it), take the greedy next token of every request whose step
+   produces one, and return the forward's done event (on CUDA an event
+   recorded after the forward; on the CPU a sim event, fired in `done`);
+2. the driver declares the forward (`Memory.begin_forward`) and the pool
+   flushes while it runs: on CUDA its page moves wait for the event;
+3. `duration_s(plan, moved)`: wait for the device, store the sampled
+   tokens, and return the measured step time (launch to device idle: the
+   batch build, the forward, the flush and its moves), or with
+   `clock="cost"` the cost model's time for the same step;
+4. `done(event)`: fire a sim event; nothing on CUDA (the device did it).
+
+Generated ids are kept per request id (`generated`): a retracted request
+keeps them and its readmission recomputes its prompt and all but the
+newest (`sim.real.batch`); the tokens of a prompt come from
+`sim.real.tokens.TokenSource`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from unikv.sim.real.batch import StepBatch, build_batch
+from unikv.sim.real.tokens import TokenSource
+from unikv.sim.scheduler import StepPlan
+
+
+class RealExecutor:
+    """Runs each step's forward through `model`, its KV in the pool.
+
+    Args:
+        memory: the run's memory layer (its pool holds the KV; its backend
+            makes the done events).
+        model: a transformers causal LM whose attention implementation reads
+            the step context (`sim.real.attention.register`).
+        views: the `KVViews` over the pool the attention function uses.
+        tokens: the prompt ids.
+        bands: the token bands the model's layers store on.
+        device: the model's device ("cpu", "cuda", "cuda:N").
+        cost: the cost-model executor whose times the clock takes instead
+            of the measured ones (None: measured).
+        graphs: a `sim.real.graphs.DecodeGraphs` decode-only steps run
+            through (None: every step eagerly).
+    """
+
+    def __init__(self, memory, model, views, tokens: TokenSource, *, bands, device: str = "cpu",
+                 cost=None, graphs=None) -> None:
+        self.mem = memory
+        self.model = model
+        self.views = views
+        self.tokens = tokens
+        self.bands = tuple(bands)
+        self.device = device
+        self.cuda = str(device).startswith("cuda")
+        self.cost = cost
+        self.graphs = graphs
+        self.generated: dict[int, list[int]] = {}  # rid -> the model's tokens, in order
+        self.step_s: list[float] = []  # measured seconds of each step
+        self.forward_tokens = 0  # tokens computed, prefill recomputations included
+        self._pending: tuple[StepBatch, Any] | None = None
+        self._t0 = 0.0
+
+    def launch(self, plan: StepPlan) -> Any:
+        """Run `plan`'s forward; returns its done event."""
+        import torch
+
+        self._t0 = time.perf_counter()
+        batch = build_batch(plan, self.mem.pool, self.tokens, self.generated, self.bands, self.device)
+        picks = None
+        if self.graphs is not None and batch.layout == "padded":
+            with torch.inference_mode():
+                picks = self.graphs.run(batch)  # None: no bucket fits, run it eagerly
+        if picks is None:
+            picks = self._forward(batch)
+        self._pending = (batch, picks)
+        self.forward_tokens += batch.num_tokens
+        return self.mem.new_event(f"step {plan.index}")  # on CUDA: recorded after the forward
+
+    def _forward(self, batch: StepBatch) -> Any:
+        """The eager forward of `batch`; returns the greedy token of each sampled row."""
+        import torch
+        from unikv.sim.real.attention import StepContext, use_step
+
+        ctx = StepContext(views=self.views, block_tables=dict(batch.block_tables), cu_q=batch.cu_q,
+                          seq_lens=batch.seq_lens, write_slots=dict(batch.write_slots), layout=batch.layout)
+        keep = batch.sample_rows if batch.layout == "packed" else 0
+        with torch.inference_mode(), use_step(ctx):
+            out = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                             use_cache=False, logits_to_keep=keep)
+        # packed: logits [1, S, V] at the sampled rows; padded: [B, 1, V], every row samples
+        logits = out.logits[0] if batch.layout == "packed" else out.logits[:, -1]
+        return logits.argmax(-1)
+
+    def duration_s(self, plan: StepPlan, moved_bytes: int) -> float:
+        """Wait for the step, keep its tokens; its seconds (measured, or the
+        cost model's with a cost clock)."""
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)  # the forward and the flush's moves
+        measured = time.perf_counter() - self._t0
+        self.step_s.append(measured)
+        if self._pending is not None:
+            batch, picks = self._pending
+            for r, t in zip(batch.samplers, picks.tolist()):
+                self.generated.setdefault(r.rid, []).append(int(t))
+            self._pending = None
+        if self.cost is not None:
+            return self.cost.duration_s(plan, moved_bytes)
+        return measured
+
+    def done(self, event: Any) -> None:
+        """The step's time has passed: fire a sim event (a CUDA event fired on the device)."""
+        fire = getattr(event, "fire", None)
+        if fire is not None:  # a sim event: nothing fires it but us
+            fire()
+
+
+# -- building a real run (sim.run calls these for executor="real") --
+
+def real_backend(device: str):
+    """The pool backend of a real run: the sim backend with real bytes on
+    the CPU (the KV views read its numpy buffer), the CUDA backend on a GPU.
+
+    Raises:
+        ValueError: torch or transformers missing, or a CUDA device on a
+            machine without CUDA.
+    """
+    try:
+        import torch
+        import transformers  # noqa: F401  (the model is built with it)
+    except ImportError as exc:
+        raise ValueError(f"executor='real' needs torch and transformers ({exc})") from None
+    if str(device).startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r}: CUDA is not available on this machine")
+        from unikv.backends import CudaBackend
+
+        return CudaBackend(device)
+    from unikv.backends import SimBackend
+
+    return SimBackend(materialize=True)
+
+
+def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
+    """The real executor of `config` over `memory`'s pool: the model built
+    from the config's config.json (`sim.real.model`), its layers placed on
+    the pool's bands (`sim.real.layers`), the KV views, the attention
+    function registered; with `real_clock="cost"`, the cost model's times.
+
+    Raises:
+        ValueError: a config transformers cannot build, layers that cannot
+            be placed, a layout the KV views cannot view (named), bad weights.
+    """
+    from unikv.sim.executor import CostModelExecutor
+    from unikv.sim.real import attention, layers
+    from unikv.sim.real import model as real_model
+
+    from unikv.tensors import KVViews
+
+    pool = memory.pool
+    if config.weights is not None:
+        real_model.check_weights(config.weights)  # before the build: a bad folder fails fast
+    path = real_model.config_path(config.model)
+    dtype = config.dtype or config.kv_cache_dtype
+    lm = real_model.build_model(path, dtype=dtype, device=config.device, weights=config.weights,
+                                seed=config.seed)
+    # a layout that folds the window layers into the full band (SGLang's, `sim.sglang.deployed_model`)
+    # keeps their KV there: the attention still applies the window
+    folded = "swa" not in {b.name for b in pool.layout.token_bands}
+    placed = layers.model_layers(lm.config, real_model.torch_dtype(dtype),
+                                 bands={"sliding": "full"} if folded else None)
+    if not folded and placed.window_tokens != memory.window:
+        raise ValueError(f"model={config.model!r}: the model slides over {placed.window_tokens} tokens, the "
+                         f"layout's window band over {memory.window}")
+    try:
+        layers.check_layout(placed, pool.layout)
+        views = KVViews(pool, placed.kv)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"layout={config.layout!r}: the real executor cannot view this pool ({exc})") from None
+    # a graph capture may not read the device: no mask preprocessing then (attention.register)
+    lm.set_attn_implementation(attention.register(mask=not config.decode_graphs))
+    bands = sorted({s.band for s in placed.kv})
+    block = memory.cache.block_tokens if memory.cache is not None else None
+    tokens = TokenSource(vocab_size=int(lm.config.vocab_size), block_tokens=block, seed=config.seed)
+    cost = CostModelExecutor(memory, step_cost, kv_read) if config.real_clock == "cost" else None
+    graphs = None
+    if config.decode_graphs:
+        from unikv.sim.real.graphs import DecodeGraphs
+
+        graphs = DecodeGraphs(lm, views, bands, device=config.device, max_pages=_max_pages(lm.config, memory))
+    return RealExecutor(memory, lm, views, tokens, bands=bands, device=config.device, cost=cost, graphs=graphs)
+
+
+def _max_pages(hf_config, memory) -> int:
+    """The most pages one request can hold: the model's context or the
+    pool's token capacity, whichever is smaller."""
+    capacity = memory.pool.layout.total_bytes // memory.token_entry_bytes
+    tokens = min(int(getattr(hf_config, "max_position_embeddings", capacity) or capacity), capacity)
+    return -(-tokens // memory.ps) + 1
+
+
+def executor_identity(config) -> dict:
+    """What ran the steps, for the run's identity (summary.json)."""
+    return {"executor": config.executor, "device": config.device,
+            "dtype": config.dtype or config.kv_cache_dtype,
+            "weights": config.weights or f"random (seed {config.seed})", "real_clock": config.real_clock,
+            "decode_graphs": config.decode_graphs}
+
+
+def executor_summary(config, executor: RealExecutor) -> dict:
+    """The real run's summary fields: the executor's identity and what it
+    measured (seconds per step, tokens computed)."""
+    steps = executor.step_s
+    out = executor_identity(config)
+    out.update({"real_steps": len(steps), "real_step_s_mean": sum(steps) / len(steps) if steps else None,
+                "real_step_s_total": sum(steps), "real_forward_tokens": executor.forward_tokens})
+    if executor.graphs is not None:
+        stats = executor.graphs.stats()
+        out.update(graph_steps=stats["steps"], graph_buckets=stats["buckets"], graph_captured=stats["captured"],
+                   graph_capture_failures={str(k): v for k, v in stats["failures"].items()})
+    return out

@@ -1,0 +1,230 @@
+"""Greedy generation through the pool equals transformers' own cache.
+
+Sixteen requests of varied prompt and output lengths, some sharing prefix
+blocks, arrive over time and run through the real scheduler (`sim.run`)
+with the real executor: every step is one forward whose attention writes
+and reads the pool. The budget is tight and the decode reserve off, so
+compaction moves pages and running requests are retracted mid-generation
+(the test counts both and fails without them). Each request's tokens must
+equal transformers' greedy generation of that request alone, with its own
+`DynamicCache` and the same weights. Configs: trimmed copies (2-3 layers,
+hidden 64, vocab 256) of Llama-3.1-8B, gpt-oss-20b and Gemma-3 text;
+fp32; `real_clock="cost"` (the cost model's clock: deterministic steps).
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from unikv.sim.config import RunConfig, SchedulerConfig  # noqa: E402
+from unikv.sim.memory import Memory  # noqa: E402
+from unikv.sim.real import executor as real_executor  # noqa: E402
+from unikv.sim.request import Request  # noqa: E402
+from unikv.sim.run import run  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parents[2] / "data" / "configs"
+SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+             vocab_size=256, max_position_embeddings=16384, tie_word_embeddings=False, bos_token_id=1,
+             eos_token_id=2, pad_token_id=0, torch_dtype="float32")
+N = 16
+
+
+def trimmed(name: str) -> dict:
+    """A real config cut to a CPU-test size (its architecture's own fields kept)."""
+    if name == "gemma3":  # no Gemma-3 config.json copy is bundled: its text config's fields
+        return dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", num_hidden_layers=3,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    sliding_window=8, query_pre_attn_scalar=16, rope_theta=1_000_000.0, **SMALL)
+    source = {"llama": "meta-llama--Meta-Llama-3.1-8B_config.json",
+              "gpt_oss": "openai--gpt-oss-20b_config.json"}[name]
+    cfg = json.loads((CONFIGS / source).read_text())
+    cfg.update(SMALL, num_hidden_layers=2)
+    if name == "gpt_oss":
+        cfg.pop("quantization_config")
+        cfg.update(layer_types=["sliding_attention", "full_attention"], sliding_window=8, num_local_experts=4,
+                   num_experts_per_tok=2, experts_per_token=2, intermediate_size=64)
+        cfg["rope_scaling"] = dict(cfg["rope_scaling"], original_max_position_embeddings=4096)
+    return cfg
+
+
+def trace() -> pd.DataFrame:
+    """16 requests, one every 2 ms; even ones share two 8-token prefix blocks."""
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"arrival_s": np.arange(N) * 0.002, "prompt_tokens": rng.integers(5, 40, N),
+                       "output_tokens": rng.integers(2, 12, N),
+                       "prefix_hashes": [[100, 101, 200 + i] if i % 2 == 0 else [] for i in range(N)]})
+    df.attrs["block_tokens"] = 8
+    return df
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: on 2 shared cores, more threads make tiny forwards 30x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def replay(tmp_path, monkeypatch, name: str, compaction: str, budget_gib: float, device: str = "cpu",
+           graphs: bool = False, clock: str = "cost", layout: str = "end_end"):
+    """Run the trace; returns (result, executor, generated counts at each retraction)."""
+    path = tmp_path / name / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(trimmed(name)))
+    built, retracted_at = {}, []
+    build = real_executor.build_real_executor
+    monkeypatch.setattr(real_executor, "build_real_executor",
+                        lambda *a, **k: built.setdefault("ex", build(*a, **k)))
+    retract = Memory.retract
+
+    def counting_retract(self, req, now):
+        retracted_at.append(req.generated)
+        retract(self, req, now)
+
+    monkeypatch.setattr(Memory, "retract", counting_retract)
+    config = RunConfig(trace="test", model=str(path), kv_cache_dtype="fp32", executor="real", real_clock=clock,
+                       device=device, decode_graphs=graphs,
+                       kv_budget_gib=budget_gib, page_size=4, layout=layout, compaction=compaction,
+                       check_every=1, scheduler=SchedulerConfig(
+                           max_running=16, prefill_tokens_per_step=48, reserve_init=0.0, reserve_min=0.0,
+                           reserve_decay=0.0))
+    return run(config, trace_df=trace()), built["ex"], retracted_at
+
+
+def reference(model, prompt: np.ndarray, n: int) -> list[int]:
+    """transformers' greedy decoding of one request with its own DynamicCache
+    (passed as `cache` where the forward takes it, transformers 5.24, else as
+    `past_key_values`, 5.17)."""
+    import inspect
+
+    from transformers import DynamicCache
+
+    device = model.device
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    kw = {key: DynamicCache(config=model.config), "use_cache": True}
+    out = model(input_ids=torch.tensor(prompt, device=device)[None], **kw)
+    tokens: list[int] = []
+    for _ in range(n):
+        tokens.append(int(out.logits[0, -1].argmax()))
+        out = model(input_ids=torch.tensor([[tokens[-1]]], device=device), **kw)
+    return tokens
+
+
+CASES = [("llama", "lazy", 0.00004), ("llama", "eager", 0.00003), ("gemma3", "eager", 0.00004),
+         ("gpt_oss", "lazy", 0.00003)]
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+GPU = [CUDA, pytest.mark.gpu]
+
+
+@pytest.mark.parametrize("name,compaction,budget_gib,device,graphs",
+                         [(*c, "cpu", False) for c in CASES] + [("gpt_oss", "lazy", 0.00003, "cpu", True)]
+                         + [pytest.param(*c, "cuda", False, marks=GPU) for c in CASES]
+                         + [pytest.param(*c, "cuda", True, marks=GPU) for c in CASES])
+def test_greedy_tokens_through_the_pool_equal_transformers_own_cache(tmp_path, monkeypatch, one_thread, name,
+                                                                     compaction, budget_gib, device, graphs):
+    """`graphs`: decode steps through the per-bucket static buffers
+    (`sim.real.graphs`; captured as CUDA graphs on a GPU)."""
+    res, ex, retracted_at = replay(tmp_path, monkeypatch, name, compaction, budget_gib, device, graphs)
+    if graphs:
+        assert res.summary["graph_steps"] > 0
+        captured = res.summary["graph_captured"]
+        if device == "cpu":
+            assert captured == []
+        elif name != "gpt_oss":  # transformers' eager MoE may not be capturable: then it says why
+            assert captured and not res.summary["graph_capture_failures"], res.summary["graph_capture_failures"]
+    assert res.violations == []
+    steps, requests = res.steps, res.requests
+    assert steps["moves"].iloc[-1] > 0, "compaction moved no page: the budget is not tight enough"
+    assert any(g > 0 for g in retracted_at), "no request was retracted mid-generation"
+    assert steps["admitted"].iloc[0] < N  # arrivals over time, not one batch
+    assert res.summary["executor"] == "real" and res.summary["real_forward_tokens"] > 0
+    if name == "llama":  # a window model's prefix hits need the window still bound: not asked here
+        assert requests["hit_tokens"].sum() > 0, "no prefix-cache hit read another request's KV"
+    model = ex.model
+    model.set_attn_implementation("eager")
+    hashes = trace()["prefix_hashes"]
+    with torch.inference_mode():
+        for rid, prompt, out in zip(requests["rid"], requests["prompt_tokens"], requests["output_tokens"]):
+            req = Request(int(rid), 0.0, int(prompt), int(out), tuple(hashes[int(rid)]))
+            assert ex.generated[int(rid)] == reference(model, ex.tokens.prompt(req), int(out)), f"request {rid}"
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_local_weights_load_onto_the_meta_built_model(tmp_path, one_thread, name):
+    """A folder of safetensors replaces the random weights exactly (the
+    meta build's rotary and embedding-scale buffers rebuilt on the device)."""
+    from safetensors.torch import save_file
+    from unikv.sim.real.model import build_model
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(trimmed(name)))
+    source = build_model(path, seed=7)
+    (tmp_path / "w").mkdir()
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(tmp_path / "w" / "model.safetensors"))
+    loaded = build_model(path, weights=tmp_path / "w", seed=0)
+    ids = torch.randint(0, 256, (1, 12))
+    with torch.inference_mode():
+        assert torch.equal(source(input_ids=ids).logits, loaded(input_ids=ids).logits)
+    assert not torch.equal(build_model(path, seed=0)(input_ids=ids).logits, loaded(input_ids=ids).logits)
+
+
+def test_a_real_replay_of_a_bundled_slice_writes_the_cost_replays_tables(tmp_path, one_thread):
+    """`unikv replay --executor real` on a bundled trace slice writes the usual
+    files; with the cost clock its steps and requests equal a cost-model
+    replay's, step for step (same boundaries, same memory decisions), and
+    its summary holds the cost replay's columns plus the executor's."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bad_input"))
+    from cli_probe import RUN_FILES, run_cli
+
+    path = tmp_path / "llama" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(trimmed("llama")))
+    common = ["replay", "--trace", "azure_conv", "--max-requests", "6", "--max-context-tokens", "40",
+              "--model", path, "--kv-cache-dtype", "fp32", "--kv-budget-gib", "0.00004", "--page-size", "4",
+              "--oversize", "reject", "--no-oracle", "--no-figures", "-q"]
+    real = run_cli([*common, "--executor", "real", "--real-clock", "cost", "--out", tmp_path / "real"])
+    cost = run_cli([*common, "--out", tmp_path / "cost"])
+    assert real.rc == 0 and cost.rc == 0, (real.stderr, cost.stderr)
+    assert {p.name for p in (tmp_path / "real").iterdir()} == set(RUN_FILES["parquet"])
+    for table in ("steps", "requests"):
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "real" / f"{table}.parquet"),
+                                      pd.read_parquet(tmp_path / "cost" / f"{table}.parquet"))
+    got = json.loads((tmp_path / "real" / "summary.json").read_text())
+    want = json.loads((tmp_path / "cost" / "summary.json").read_text())
+    assert set(want["summary"]) < set(got["summary"])
+    assert got["summary"]["executor"] == "real" and got["summary"]["real_steps"] == len(
+        pd.read_parquet(tmp_path / "real" / "steps.parquet"))
+    assert got["identity"]["executor"]["weights"] == "random (seed 0)"
+    assert want["identity"]["executor"] == {"executor": "cost"}
+
+
+def test_the_measured_clock_advances_by_each_steps_measured_time(tmp_path, monkeypatch, one_thread):
+    res, ex, _ = replay(tmp_path, monkeypatch, "llama", "lazy", 0.0001, clock="measured")
+    times = res.steps["step_time_s"].tolist()
+    assert times == ex.step_s and all(t > 0 for t in times)
+    assert res.summary["real_step_s_total"] == pytest.approx(sum(times))
+
+
+def test_a_layout_that_folds_the_window_layers_into_the_full_band(tmp_path, monkeypatch, one_thread):
+    """SGLang's layout keeps Gemma-3's window layers on the full band (no
+    window release): the attention still masks the window, tokens equal."""
+    res, ex, _ = replay(tmp_path, monkeypatch, "gemma3", "lazy", 0.00008, layout="sglang")
+    assert res.violations == [] and ex.views.band(0) == "full" and ex.bands == ("full",)
+    model = ex.model
+    model.set_attn_implementation("eager")
+    hashes = trace()["prefix_hashes"]
+    with torch.inference_mode():
+        for rid, prompt, out in zip(res.requests["rid"], res.requests["prompt_tokens"], res.requests["output_tokens"]):
+            req = Request(int(rid), 0.0, int(prompt), int(out), tuple(hashes[int(rid)]))
+            assert ex.generated[int(rid)] == reference(model, ex.tokens.prompt(req), int(out)), f"request {rid}"
