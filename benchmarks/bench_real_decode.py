@@ -1,0 +1,232 @@
+"""Decode step time of the real executor on a GPU: the unified pool against a
+static split, CUDA-graph decode, against the HBM roofline (issue 16 item 6).
+
+For each model (random bf16 weights built on the GPU), layout (`end_end`:
+the unified pool; `fixed_ratio`: a static split, the same executor), batch
+size and context, the script fills B requests of `context` tokens into the
+pool (releasing the window band's pages that left the window, as the
+engine's ratchet does), then times `--steps` steady decode steps. Each step
+does what the engine does per decode step:
+
+- host: `alloc_decode` (one token per request), the window ratchet's
+  release when a page leaves the window, a lazy `flush`, `translate` of the
+  new tokens and the block tables (`KVViews.block_table`);
+- device: the decode forward through `sim.real.graphs.DecodeGraphs` (one
+  CUDA graph per batch-size bucket; the tables, lengths and write slots in
+  static buffers the graph reads), its attention reading the pool's views
+  through the Triton paged-attention kernel.
+
+Reported per case (median over the steps): the whole step (wall, host work
+included, synchronised), the host allocator work alone, the graph replay
+alone (CUDA events), and the roofline: (weight bytes + KV bytes read) /
+HBM bandwidth (4.8 TB/s, the H200 datasheet). A case whose KV does not fit
+the GPU's free memory is reported as skipped, with the bytes it needs.
+
+    python benchmarks/bench_real_decode.py --out results/real/h200/decode.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {"gemma-3-12b": ROOT / "benchmarks/configs/gemma-3-12b-text_config.json",
+           "gpt-oss-20b": ROOT / "tests/data/configs/openai--gpt-oss-20b_config.json",
+           "llama-3.1-8b": ROOT / "tests/data/configs/meta-llama--Meta-Llama-3.1-8B_config.json"}
+HBM = 4.8e12
+PS = 16
+DEVICE, DTYPE = "cuda", "bf16"  # --smoke: "cpu", "fp32"
+
+
+class Case:
+    """B requests of `context` tokens in one pool, decoding together."""
+
+    def __init__(self, pool, views, spec, batch: int, context: int, device: str) -> None:
+        self.pool, self.views, self.spec, self.device = pool, views, spec, device
+        self.bands = views.bands
+        self.vocab = 256  # token ids drawn below every bundled vocabulary's size
+        self.window = spec.window_tokens if "swa" in pool.bands else None
+        self.seq = np.full(batch, context, dtype=np.int64)
+        self.pages = []  # per request: its virtual pages, in position order
+        self.last = np.zeros(batch, dtype=np.int64)  # its newest token id
+        for b in range(batch):
+            got = pool.alloc(-(-context // PS) * PS)
+            if got is None:
+                raise MemoryError("the layout cannot hold the batch")
+            got = np.asarray(got)
+            self.pages.append(sorted(set((got // PS).tolist())))
+            self.last[b] = got[context - 1]
+        self.released = [0] * batch  # leading pages released on the window band
+        for b in range(batch):
+            self._ratchet(b)
+
+    def _ratchet(self, b: int) -> None:
+        """Release request b's window-band pages wholly before its window."""
+        if self.window is None:
+            return
+        done = max(0, int(self.seq[b]) - self.window) // PS
+        if done > self.released[b]:
+            gone = np.asarray(self.pages[b][self.released[b]:done], dtype=np.int64)
+            ids = (gone[:, None] * PS + np.arange(PS)).ravel()
+            self.pool.release(ids, band="swa")
+            self.released[b] = done
+
+    def host_step(self):
+        """One decode step's allocator work; returns the forward's batch."""
+        import torch
+        from unikv.sim.real.batch import StepBatch
+
+        self.seq += 1
+        new = np.asarray(self.pool.alloc_decode(self.seq, self.last))
+        self.last = new
+        for b, t in enumerate(new.tolist()):
+            if t // PS != self.pages[b][-1]:
+                self.pages[b].append(t // PS)
+            if self.window is not None and (int(self.seq[b]) - self.window) % PS == 0:
+                self._ratchet(b)
+        self.pool.flush(urgent=False)
+        dev = self.device
+        tables = {band: self.views.block_table(self.pages, band) for band in self.bands}
+        slots = {band: torch.as_tensor(np.asarray(self.pool.translate(new, band)), device=dev).long()
+                 for band in self.bands}
+        n = len(self.pages)
+        return StepBatch(layout="padded",
+                         input_ids=torch.randint(0, self.vocab, (n, 1), device=dev),
+                         position_ids=torch.as_tensor(self.seq - 1, device=dev).view(n, 1),
+                         cu_q=torch.arange(n + 1, dtype=torch.int32, device=dev),
+                         seq_lens=torch.as_tensor(self.seq, dtype=torch.int32, device=dev),
+                         block_tables=tables, write_slots=slots, sample_rows=torch.arange(n, device=dev),
+                         samplers=(), requests=tuple(range(n)))
+
+
+def kv_bytes_per_request(spec, context: int) -> int:
+    """KV bytes one request holds (and a decode step reads) at `context`."""
+    window = min(context, spec.window_tokens or context)
+    return context * spec.full_token_bytes + window * spec.swa_token_bytes
+
+
+def run_case(lm, spec, placed, kind: str, batch: int, context: int, steps: int, max_pages: int):
+    import torch
+    from unikv.sim.layouts import build_layout
+    from unikv.sim.real.graphs import DecodeGraphs
+    from unikv.sim.real.layers import check_layout
+
+    from unikv.backends import CudaBackend
+    from unikv.tensors import KVViews
+
+    need = batch * (kv_bytes_per_request(spec, context + steps + 2 * PS) + 2 * PS * spec.full_token_bytes)
+    free = torch.cuda.mem_get_info()[0] if DEVICE == "cuda" else 64 << 30
+    budget = int(need * 1.25) + (1 << 30)
+    if budget > free - (6 << 30):
+        return {"status": f"skipped: needs {budget / 2**30:.1f} GiB of KV, {free / 2**30:.1f} GiB free"}
+    plan = build_layout(spec, kv_budget_gib=budget / 2**30, page_size=PS, kind=kind)
+    pool = plan.make_pool(CudaBackend(DEVICE), "lazy", ids="numpy")
+    check_layout(placed, pool.layout)
+    views = KVViews(pool, placed.kv)
+    try:
+        case = Case(pool, views, spec, batch, context, DEVICE)
+    except MemoryError:
+        return {"status": f"skipped: the {kind} split cannot hold {batch} x {context} tokens"}
+    graphs = DecodeGraphs(lm, views, views.bands, device=DEVICE, max_pages=max_pages)
+    whole, host, device = [], [], []
+    cuda = DEVICE == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.inference_mode():
+        for i in range(steps + 3):
+            sync()
+            t0 = time.perf_counter()
+            batch_in = case.host_step()
+            t1 = time.perf_counter()
+            if cuda:
+                start.record()
+            picks = graphs.run(batch_in)
+            if cuda:
+                stop.record()
+            sync()
+            t2 = time.perf_counter()
+            if picks is None:
+                return {"status": "skipped: no graph bucket fits"}
+            if i >= 3:  # the first steps capture the bucket's graph
+                whole.append(t2 - t0)
+                host.append(t1 - t0)
+                device.append(start.elapsed_time(stop) / 1e3 if cuda else t2 - t1)
+    stats = graphs.stats()
+    weights = spec.weight_bytes or 0
+    roof = (weights + batch * kv_bytes_per_request(spec, context)) / HBM
+    del views, pool, graphs
+    if cuda:
+        torch.cuda.empty_cache()
+    return {"status": "ok", "step_ms": 1e3 * statistics.median(whole), "host_ms": 1e3 * statistics.median(host),
+            "graph_ms": 1e3 * statistics.median(device), "roofline_ms": 1e3 * roof,
+            "x_roofline": statistics.median(whole) / roof, "captured": bool(stats["captured"]),
+            "capture_failure": "; ".join(stats["failures"].values())[:200]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--models", nargs="*", default=["gemma-3-12b", "gpt-oss-20b"])
+    ap.add_argument("--batch", nargs="*", type=int, default=[1, 64, 256])
+    ap.add_argument("--context", nargs="*", type=int, default=[1024, 8192])
+    ap.add_argument("--layouts", nargs="*", default=["end_end", "fixed_ratio"])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--smoke", type=Path, default=None, metavar="CONFIG",
+                    help="check the script on the CPU: fp32, this (small) config")
+    args = ap.parse_args(argv)
+    import torch
+
+    global DEVICE, DTYPE
+    if args.smoke is not None:
+        DEVICE, DTYPE = "cpu", "fp32"
+        CONFIGS["smoke"] = args.smoke.resolve()
+        args.models = ["smoke"]
+    elif not torch.cuda.is_available():
+        print("error: bench_real_decode needs a CUDA device", file=sys.stderr)
+        return 2
+    from unikv.sim.models import load_model
+    from unikv.sim.real import attention, layers
+    from unikv.sim.real.model import build_model, torch_dtype
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in args.models:
+        path = CONFIGS[name]
+        spec = load_model(str(path), kv_cache_dtype=DTYPE)
+        lm = build_model(path, dtype=DTYPE, device=DEVICE, seed=0)
+        lm.set_attn_implementation(attention.register(mask=False))
+        placed = layers.model_layers(lm.config, torch_dtype(DTYPE))
+        max_pages = -(-(max(args.context) + args.steps + 4 * PS) // PS) + 1
+        for kind in args.layouts:
+            for context in args.context:
+                for batch in args.batch:
+                    row = {"model": name, "layout": kind, "batch": batch, "context": context,
+                           "weight_bytes": spec.weight_bytes}
+                    try:
+                        row.update(run_case(lm, spec, placed, kind, batch, context, args.steps, max_pages))
+                    except Exception as exc:  # one case's failure is reported; the grid goes on
+                        row["status"] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                    rows.append(row)
+                    print(row, flush=True)
+        del lm
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in rows[0], k))
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
