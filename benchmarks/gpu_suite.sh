@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The GPU suite, from a clean checkout on a CUDA machine (the H200 here):
+# installs the checkout (not editable) beside the carried simpy wheel, then
+# runs one part:
+#   tests   the GPU correctness tests (kernels, backends, KV and state views,
+#           the real executor) and a real replay of a bundled trace slice;
+#   check   benchmarks/real_check.py (real size, bf16, against transformers);
+#   bench   benchmarks/bench_real_decode.py and benchmarks/bench_attention.py.
+# Logs and outputs go to $OUT (default results/real/h200).
+#
+#   bash benchmarks/gpu_suite.sh tests check    # one device call
+#   bash benchmarks/gpu_suite.sh bench          # another
+set -uo pipefail
+out=${OUT:-results/real/h200}
+mkdir -p "$out"
+if [ ! -d /tmp/site/unikv ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site . || exit 1
+fi
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+{
+    date -u +%FT%TZ
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__, "transformers", transformers.__version__)'
+    cat REVISION 2>/dev/null
+} > "$out/machine.txt"
+cat "$out/machine.txt"
+
+for part in "$@"; do
+    case $part in
+    tests)
+        python3 -P -m pytest -q -rs --timeout 300 -p no:cacheprovider --durations 15 \
+            tests/kernels tests/backends tests/unikv/test_kv_views.py tests/unikv/test_state_views.py \
+            tests/sim/real tests/bad_input/test_executor_options.py 2>&1 | tee "$out/pytest_gpu.log"
+        python3 -P -m unikv replay --executor real --device cuda --dtype bf16 --decode-graphs \
+            --model tests/data/configs/meta-llama--Meta-Llama-3.1-8B_config.json --trace azure_conv \
+            --max-requests 64 --kv-budget-gib 4 --format csv --no-figures --quiet \
+            --out "$out/replay_llama_azure_conv" 2>&1 | tee "$out/replay_llama.log"
+        ;;
+    check)
+        python3 -P benchmarks/real_check.py --out "$out" 2>&1 | tee "$out/real_check.log"
+        ;;
+    bench)
+        python3 -P benchmarks/bench_real_decode.py --out "$out/decode.csv" 2>&1 | tee "$out/decode.log"
+        python3 -P benchmarks/bench_attention.py --out "$out/attention.csv" 2>&1 | tee "$out/attention.log"
+        ;;
+    *)
+        echo "error: unknown part $part (tests, check, bench)" >&2
+        exit 2
+        ;;
+    esac
+done
