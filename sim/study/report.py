@@ -1,5 +1,5 @@
 """`unikv study report STUDY.toml`: the planner's answers as markdown and
-figures, from the study's dataset alone (docs/study_answers.md, "Report").
+figures, from the study's dataset alone (docs/studies.md, "Report").
 
 Nothing is replayed here: the maximum rate of each (trace, model, GPU,
 budget, layout) is read from the rates the dataset holds

@@ -1,5 +1,5 @@
 """The study report's figures, drawn from the dataset's rows alone
-(docs/study_answers.md, "Report"); never inside a run.
+(docs/studies.md, "Report"); never inside a run.
 
 Every figure holds one group of rows sharing trace, model, GPU and budget
 (the caller passes the title naming them) and draws one series per cell
