@@ -105,6 +105,8 @@ def test_plan_from_shapes():
     prefill = kernel.plan(tokens=4096, batch=2, group=4, head_dim=128, key_bound=8192, sm_count=132)
     assert prefill["BLOCK_M"] == 128 and prefill["BLOCK_Q"] == 32 and prefill["SPLITS"] == 1
     assert kernel.plan(tokens=1, batch=1, group=64, head_dim=64, key_bound=10, sm_count=1)["BLOCK_M"] == 64
+    fp32 = kernel.plan(tokens=4096, batch=2, group=4, head_dim=128, key_bound=8192, sm_count=132, fp32=True)
+    assert (fp32["BLOCK_M"], fp32["BLOCK_N"]) == (16, 16)  # IEEE fp32 dots: smaller tiles, no spills
 
 
 def test_checks(device):

@@ -195,8 +195,25 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _tiles(decode: bool, head_dim: int, fp32: bool) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps): the largest tiles found to compile for sm_90
+    without register spills (triton.compile for GPUTarget("cuda", 90, 32) through
+    the wheel's ptxas, docs/kernels.md); fp32's IEEE dots hold more registers."""
+    if fp32:
+        if not decode and head_dim <= 64:
+            return 64, 32, 4
+        return 16, 32 if head_dim <= 64 else 16, 4
+    if decode:
+        return 16, 64 if head_dim <= 64 else 32, 4
+    if head_dim <= 64:
+        return 128, 64, 8
+    if head_dim <= 128:
+        return 128, 32, 8
+    return 64, 16, 4
+
+
 def plan(tokens: int, batch: int, group: int, head_dim: int, key_bound: int, sm_count: int,
-         num_splits: int | None = None) -> dict[str, int]:
+         num_splits: int | None = None, fp32: bool = False) -> dict[str, int]:
     """Block sizes and split count from shapes alone (no device read).
 
     Args:
@@ -208,21 +225,12 @@ def plan(tokens: int, batch: int, group: int, head_dim: int, key_bound: int, sm_
             width x page size, capped by the window).
         sm_count: streaming multiprocessors of the device.
         num_splits: force the split count (tests; None: the heuristic).
+        fp32: fp32 inputs (IEEE dots hold more registers: smaller tiles).
     Returns:
         BLOCK_M, BLOCK_Q, BLOCK_N, SPLITS, num_warps.
     """
-    # Tile sizes: the largest that compile for sm_90 without register spills
-    # (ptxas via triton.compile for GPUTarget("cuda", 90, 32), bf16; see
-    # docs/kernels.md): wider key tiles spilled at head_dim > 64.
     decode = tokens <= 4 * batch
-    if decode:
-        block_m, block_n, warps = 16, 64 if head_dim <= 64 else 32, 4
-    elif head_dim <= 64:
-        block_m, block_n, warps = 128, 64, 8
-    elif head_dim <= 128:
-        block_m, block_n, warps = 128, 32, 8
-    else:
-        block_m, block_n, warps = 64, 16, 4
+    block_m, block_n, warps = _tiles(decode, head_dim, fp32)
     block_m = max(block_m, next_pow2(group))
     block_q = block_m // group
     programs = (tokens // block_q + batch)
@@ -273,7 +281,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         return result
     dst = result if result.stride(-1) == 1 or dv == 1 else torch.empty(result.shape, dtype=q.dtype, device=q.device)
     key_bound = block_table.shape[1] * ps if window is None else min(block_table.shape[1] * ps, window + 128)
-    cfg = plan(tokens, batch, hq // hkv, max(dk, dv), key_bound, _sm_count(q.device), num_splits)
+    cfg = plan(tokens, batch, hq // hkv, max(dk, dv), key_bound, _sm_count(q.device), num_splits,
+               fp32=q.dtype == torch.float32)
     _launch(_row_major(q), k_cache, v_cache, _row_major(block_table), cu_q.contiguous(), seq_lens.contiguous(),
             sinks, dst, float(scale), window, softcap, cfg)
     if dst is not result:
