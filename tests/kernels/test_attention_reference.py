@@ -345,3 +345,13 @@ def test_bad_input_refused(index, run, gen):
 def test_scale_is_applied(gen):
     case = paged_case([3], [3], gen=gen, **SHAPE)
     assert not torch.allclose(run_ref(case, scale=1 / math.sqrt(16)), run_ref(case, scale=1.0))
+
+
+def test_fast_check_takes_the_common_call(gen):
+    """The per-layer call skips the detailed checks (they only name what is wrong);
+    every refusal above still reaches them, so the fast path accepts nothing bad."""
+    case = paged_case([2, 1], [5, 8], gen=gen, **SHAPE)
+    assert reference._fast_ok(*case.args(), 0.25, None, None, None, None)
+    assert reference._fast_ok(*case.args(), 0.25, 4, torch.zeros(4), 5.0, None)
+    assert not reference._fast_ok(*case.args(), 0.25, True, None, None, None)  # a bool is no window
+    assert not reference._fast_ok(*case.args(), 0.25, None, torch.zeros(3), None, None)

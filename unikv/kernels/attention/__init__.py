@@ -16,9 +16,18 @@ Triton (the launcher is imported on the first call that needs it). Called by
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+
 import torch
 
 from unikv.kernels.attention import reference
+
+
+@functools.lru_cache(maxsize=1)
+def _has_triton() -> bool:
+    # Without Triton (no `cuda` extra) CUDA tensors get the reference, as in CudaBackend.
+    return importlib.util.find_spec("triton") is not None
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
@@ -29,11 +38,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     for the arguments, returns and errors).
 
     Args:
-        triton: None: the Triton launcher for CUDA `q`, else the reference;
+        triton: None: the Triton launcher for CUDA `q` (when Triton is
+            installed), else the reference;
             True: the launcher (see module docstring); False: the reference.
     """
     if triton is None:
-        triton = isinstance(q, torch.Tensor) and q.is_cuda
+        triton = isinstance(q, torch.Tensor) and q.is_cuda and _has_triton()
     if triton:
         from unikv.kernels.attention.kernel import paged_attention as launch
 

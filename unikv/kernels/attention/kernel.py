@@ -27,6 +27,12 @@ triton_unified_attention.py: `kernel_unified_attention_2d/3d`,
   (adding the sink there, once). The split count is chosen from shapes only
   (tokens, batch, block-table width, window, SM count): no device read.
 
+Compile-time constants: the tile sizes, the dtype, the switches (window,
+sinks, softcap, split) and the model's constants (head dims, page size, GQA
+group: masks on pow2 head dims, the page and row arithmetic fold away; as
+runtime ints they cost up to 500 bytes of spills per thread in prefill);
+the split count is a runtime int, so split counts share compiled variants.
+
 Triton's interpreter multiplies 16-bit operands of `tl.dot` wrongly (bf16
 read as raw integers in triton 3.9), so under the interpreter the dots take
 fp32 copies (`UPCAST`); compiled kernels dot 16-bit operands natively.
@@ -75,14 +81,16 @@ def _tanh(x):
     return tl.where(x < 0, -t, t)
 
 
-@triton.jit
+# Per-call ints are not specialised (Triton compiles a variant per int equal to 1
+# or divisible by 16 otherwise): batch sizes and widths change every step.
+@triton.jit(do_not_specialize=["batch", "tokens", "window", "splits", "width", "st_b"])
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, table_ptr, cu_ptr, seq_ptr, sink_ptr, out_ptr, acc_ptr, ml_ptr,
-    batch, tokens, num_heads, scale, softcap, window,
+    batch, tokens, num_heads, scale, softcap, window, splits, width,
     sq_t, sq_h, sk_p, sk_s, sk_h, sv_p, sv_s, sv_h, so_t, so_h, st_b,
-    DK: tl.constexpr, DV: tl.constexpr, PS: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, SPLITS: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, PS: tl.constexpr, GROUP: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    SPLIT: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
@@ -94,12 +102,14 @@ def _attention_kernel(
     q_end = tl.load(cu_ptr + b + 1)
     t0 = q_begin + (g - (q_begin // BLOCK_Q + b)) * BLOCK_Q
     if t0 < q_end:
-        n = tl.load(seq_ptr + b)
+        # Bounded by the table's capacity and T, so that bad metadata (which the
+        # launcher cannot check without a device read) ends the loop and stays in bounds.
+        n = tl.minimum(tl.load(seq_ptr + b), width * PS)
         first = n - (q_end - q_begin)  # position of the request's first query
         r = tl.arange(0, BLOCK_M)
         tok = t0 + r // GROUP
         head = kvh * GROUP + r % GROUP
-        row_ok = (r < BLOCK_Q * GROUP) & (tok < q_end)
+        row_ok = (r < BLOCK_Q * GROUP) & (tok < q_end) & (tok < tokens)
         qpos = first + (tok - q_begin)
         dk = tl.arange(0, BLOCK_DK)
         dv = tl.arange(0, BLOCK_DV)
@@ -112,8 +122,8 @@ def _attention_kernel(
         lo = 0
         if HAS_WINDOW:
             lo = tl.maximum(first + (t0 - q_begin) - window + 1, 0)
-        if SPLITS > 1:
-            per = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), SPLITS) * BLOCK_N
+        if SPLIT:
+            per = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), splits) * BLOCK_N
             lo = lo + split * per
             hi = tl.minimum(hi, lo + per)
         m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
@@ -145,7 +155,7 @@ def _attention_kernel(
                 v = v.to(tl.float32)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
-        if SPLITS == 1:
+        if not SPLIT:
             if HAS_SINKS:
                 sink = tl.load(sink_ptr + head, mask=row_ok, other=0.0).to(tl.float32) * LOG2E
                 m_f = tl.maximum(m_i, sink)
@@ -158,22 +168,22 @@ def _attention_kernel(
                      o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < DV))
         else:
             row = (split * tokens + tok).to(tl.int64) * num_heads + head
-            tl.store(acc_ptr + row[:, None] * DV + dv[None, :], acc, mask=row_ok[:, None] & (dv[None, :] < DV))
+            tl.store(acc_ptr + row[:, None] * DV + dv[None, :], acc,
+                     mask=row_ok[:, None] & (dv[None, :] < DV))
             tl.store(ml_ptr + row * 2, m_i, mask=row_ok)
             tl.store(ml_ptr + row * 2 + 1, l_i, mask=row_ok)
 
 
-@triton.jit
-def _combine_kernel(acc_ptr, ml_ptr, sink_ptr, out_ptr, tokens, num_heads, so_t, so_h,
-                    DV: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
-                    HAS_SINKS: tl.constexpr):
+@triton.jit(do_not_specialize=["tokens", "splits"])
+def _combine_kernel(acc_ptr, ml_ptr, sink_ptr, out_ptr, tokens, num_heads, so_t, so_h, splits,
+                    DV: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINKS: tl.constexpr):
     t = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
     dv = tl.arange(0, BLOCK_DV)
     row = (s * tokens + t).to(tl.int64) * num_heads + h
-    m = tl.load(ml_ptr + row * 2, mask=s < SPLITS, other=-1.0e30)
-    l = tl.load(ml_ptr + row * 2 + 1, mask=s < SPLITS, other=0.0)
+    m = tl.load(ml_ptr + row * 2, mask=s < splits, other=-1.0e30)
+    l = tl.load(ml_ptr + row * 2 + 1, mask=s < splits, other=0.0)
     top = tl.max(m, axis=0)
     if HAS_SINKS:
         sink = tl.load(sink_ptr + h).to(tl.float32) * LOG2E
@@ -182,8 +192,8 @@ def _combine_kernel(acc_ptr, ml_ptr, sink_ptr, out_ptr, tokens, num_heads, so_t,
     denom = tl.sum(l * w, axis=0)
     if HAS_SINKS:
         denom += tl.exp2(sink - top)
-    acc = tl.load(acc_ptr + row[:, None] * DV + dv[None, :], mask=(s[:, None] < SPLITS) & (dv[None, :] < DV),
-                  other=0.0)
+    acc = tl.load(acc_ptr + row[:, None] * DV + dv[None, :],
+                  mask=(s[:, None] < splits) & (dv[None, :] < DV), other=0.0)
     o = tl.sum(acc * w[:, None], axis=0) / denom
     tl.store(out_ptr + t.to(tl.int64) * so_t + h * so_h + dv, o.to(out_ptr.dtype.element_ty), mask=dv < DV)
 
@@ -195,8 +205,25 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _tiles(decode: bool, head_dim: int, fp32: bool) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps): the largest tiles found to compile for sm_90
+    without register spills (triton.compile for GPUTarget("cuda", 90, 32) through
+    the wheel's ptxas, docs/kernels.md); fp32's IEEE dots hold more registers."""
+    if fp32:
+        if not decode and head_dim <= 64:
+            return 64, 32, 4
+        return 16, 32 if head_dim <= 64 else 16, 4
+    if decode:
+        return 16, 64 if head_dim <= 64 else 32, 4
+    if head_dim <= 64:
+        return 128, 64, 8
+    if head_dim <= 128:
+        return 128, 32, 8
+    return 64, 16, 4
+
+
 def plan(tokens: int, batch: int, group: int, head_dim: int, key_bound: int, sm_count: int,
-         num_splits: int | None = None) -> dict[str, int]:
+         num_splits: int | None = None, fp32: bool = False) -> dict[str, int]:
     """Block sizes and split count from shapes alone (no device read).
 
     Args:
@@ -208,21 +235,12 @@ def plan(tokens: int, batch: int, group: int, head_dim: int, key_bound: int, sm_
             width x page size, capped by the window).
         sm_count: streaming multiprocessors of the device.
         num_splits: force the split count (tests; None: the heuristic).
+        fp32: fp32 inputs (IEEE dots hold more registers: smaller tiles).
     Returns:
         BLOCK_M, BLOCK_Q, BLOCK_N, SPLITS, num_warps.
     """
-    # Tile sizes: the largest that compile for sm_90 without register spills
-    # (ptxas via triton.compile for GPUTarget("cuda", 90, 32), bf16; see
-    # docs/kernels.md): wider key tiles spilled at head_dim > 64.
     decode = tokens <= 4 * batch
-    if decode:
-        block_m, block_n, warps = 16, 64 if head_dim <= 64 else 32, 4
-    elif head_dim <= 64:
-        block_m, block_n, warps = 128, 64, 8
-    elif head_dim <= 128:
-        block_m, block_n, warps = 128, 32, 8
-    else:
-        block_m, block_n, warps = 64, 16, 4
+    block_m, block_n, warps = _tiles(decode, head_dim, fp32)
     block_m = max(block_m, next_pow2(group))
     block_q = block_m // group
     programs = (tokens // block_q + batch)
@@ -273,7 +291,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         return result
     dst = result if result.stride(-1) == 1 or dv == 1 else torch.empty(result.shape, dtype=q.dtype, device=q.device)
     key_bound = block_table.shape[1] * ps if window is None else min(block_table.shape[1] * ps, window + 128)
-    cfg = plan(tokens, batch, hq // hkv, max(dk, dv), key_bound, _sm_count(q.device), num_splits)
+    cfg = plan(tokens, batch, hq // hkv, max(dk, dv), key_bound, _sm_count(q.device), num_splits,
+               fp32=q.dtype == torch.float32)
     _launch(_row_major(q), k_cache, v_cache, _row_major(block_table), cu_q.contiguous(), seq_lens.contiguous(),
             sinks, dst, float(scale), window, softcap, cfg)
     if dst is not result:
@@ -289,21 +308,20 @@ def _launch(q, k, v, table, cu, seq, sinks, out, scale, window, softcap, cfg) ->
         acc = torch.empty(splits, tokens, hq, dv, dtype=torch.float32, device=q.device)
         ml = torch.empty(splits, tokens, hq, 2, dtype=torch.float32, device=q.device)
     else:
-        acc = ml = out  # never dereferenced: SPLITS == 1 writes `out` directly
+        acc = ml = out  # never dereferenced: without SPLIT the program writes `out` directly
     grid = (tokens // cfg["BLOCK_Q"] + seq.shape[0], hkv, splits)
     _attention_kernel[grid](
         q, k, v, table, cu, seq, sinks if sinks is not None else q, out, acc, ml,
-        seq.shape[0], tokens, hq, scale, float(softcap or 1.0), int(window or 0),
+        seq.shape[0], tokens, hq, scale, float(softcap or 1.0), int(window or 0), splits, table.shape[1],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), table.stride(0),
-        DK=dk, DV=dv, PS=ps, GROUP=hq // hkv, BLOCK_Q=cfg["BLOCK_Q"], BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_DK=max(16, next_pow2(dk)), BLOCK_DV=max(16, next_pow2(dv)),
-        SPLITS=splits, HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None,
+        DK=dk, DV=dv, PS=ps, GROUP=hq // hkv, BLOCK_Q=cfg["BLOCK_Q"], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_DK=max(16, next_pow2(dk)),
+        BLOCK_DV=max(16, next_pow2(dv)), SPLIT=splits > 1, HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None,
         HAS_SOFTCAP=softcap is not None, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST=interpreted(_attention_kernel) and q.dtype != torch.float32,
         num_warps=cfg["num_warps"])
     if splits > 1:
         _combine_kernel[(tokens, hq)](
-            acc, ml, sinks if sinks is not None else q, out, tokens, hq, out.stride(0), out.stride(1),
-            DV=dv, SPLITS=splits, BLOCK_S=next_pow2(splits), BLOCK_DV=max(16, next_pow2(dv)),
+            acc, ml, sinks if sinks is not None else q, out, tokens, hq, out.stride(0), out.stride(1), splits,
+            DV=dv, BLOCK_S=next_pow2(splits), BLOCK_DV=max(16, next_pow2(dv)),
             HAS_SINKS=sinks is not None, num_warps=4)

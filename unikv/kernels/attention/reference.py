@@ -66,6 +66,36 @@ def _scalars(scale, window, softcap) -> None:
         raise ValueError(f"{OP}: softcap={softcap!r}; expected None or a positive finite float")
 
 
+_FLOATS = frozenset(FLOAT_DTYPES)
+_INDEX = frozenset(INDEX_DTYPES)
+
+
+def _fast_ok(q, k, v, table, cu, seq, scale, window, sinks, softcap, out) -> bool:
+    """The common call, cheaply (the launcher runs once per layer per step):
+    True only where `check_args` would pass; False sends it to the checks
+    that name the argument."""
+    tensor = torch.Tensor
+    if (type(q) is not tensor or type(k) is not tensor or type(v) is not tensor or type(table) is not tensor
+            or type(cu) is not tensor or type(seq) is not tensor or out is not None or type(scale) is not float
+            or not (window is None or type(window) is int)):
+        return False
+    qs, ks, vs = q.shape, k.shape, v.shape
+    dtype, device = q.dtype, q.device
+    if sinks is not None and (type(sinks) is not tensor or sinks.dim() != 1 or len(qs) != 3
+                              or sinks.shape[0] != qs[1] or sinks.dtype not in _FLOATS or sinks.device != device):
+        return False
+    if softcap is not None and (type(softcap) is not float or not 0 < softcap < math.inf):
+        return False
+    return (len(qs) == 3 and len(ks) == 4 and len(vs) == 4 and dtype in _FLOATS and k.dtype is dtype
+            and v.dtype is dtype and ks[3] == qs[2] and ks[:3] == vs[:3] and ks[1] > 0 and ks[2] > 0
+            and qs[1] % ks[2] == 0 and ks[3] > 0 and vs[3] > 0 and k.stride(3) == 1 and v.stride(3) == 1
+            and table.dim() == 2 and cu.dim() == 1 and seq.dim() == 1 and table.dtype in _INDEX
+            and cu.dtype in _INDEX and seq.dtype in _INDEX and cu.shape[0] == seq.shape[0] + 1
+            and table.shape[0] == seq.shape[0] and math.isfinite(scale) and (window is None or window > 0)
+            and k.device == device and v.device == device and table.device == device and cu.device == device
+            and seq.device == device)
+
+
 def check_args(q, k_cache, v_cache, block_table, cu_q, seq_lens, *, scale, window=None, sinks=None,
                softcap=None, out=None) -> None:
     """Refuse bad shapes, dtypes, strides and devices (reads no device memory).
@@ -73,6 +103,8 @@ def check_args(q, k_cache, v_cache, block_table, cu_q, seq_lens, *, scale, windo
     Raises:
         ValueError: naming the argument, its value and what was expected.
     """
+    if _fast_ok(q, k_cache, v_cache, block_table, cu_q, seq_lens, scale, window, sinks, softcap, out):
+        return
     _tensor(q, "q", 3, FLOAT_DTYPES)
     _cache(k_cache, "k_cache", q)
     _cache(v_cache, "v_cache", q)
