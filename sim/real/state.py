@@ -183,8 +183,8 @@ class StateBinder:
             if i not in linear:
                 layer.reset()  # attention K/V of the last forward: the pool holds them
         for g in self.layers:
-            cache.get_conv_state(g.layer)[..., 1:] = self.views.get(g.layer, "conv")[idx]
-            torch_index_select(self.views.get(g.layer, "ssm"), idx, cache.get_recurrent_state(g.layer))
+            conv_state(cache, g.layer)[..., 1:] = self.views.get(g.layer, "conv")[idx]
+            torch_index_select(self.views.get(g.layer, "ssm"), idx, recurrent_state(cache, g.layer))
         return cache
 
     def _new_cache(self, idx: torch.Tensor) -> Any:
@@ -211,8 +211,8 @@ class StateBinder:
         """
         idx = self._index(slots)
         for g in self.layers:
-            conv = cache.get_conv_state(g.layer)
-            ssm = cache.get_recurrent_state(g.layer)
+            conv = conv_state(cache, g.layer)
+            ssm = recurrent_state(cache, g.layer)
             if conv is None or ssm is None or conv.shape[0] != len(idx) or ssm.shape[0] != len(idx):
                 raise ValueError(f"StateBinder.after: layer {g.layer}: the cache holds no state for "
                                  f"the {len(idx)} requests of slots (did the forward run with this cache?)")
@@ -230,6 +230,30 @@ class StateBinder:
         if idx.device.type == "cpu" and len(set(idx.tolist())) != idx.numel():
             raise ValueError(f"StateBinder: slots={idx.tolist()} repeat a slot")
         return idx.to(device)
+
+
+def conv_state(cache, layer: int):
+    """The conv state a `DynamicCache` holds for linear-attention `layer`
+    (None before its first update). transformers 5.24 has
+    `Cache.get_conv_state`; 5.17 (the H200 image) keeps the same tensor as
+    `cache.layers[layer].conv_states[0]`, valid once `has_previous_state[0]`
+    (cache_utils.py, `LinearAttentionLayer.update_conv_state`, v5.17.0)."""
+    get = getattr(cache, "get_conv_state", None)
+    if get is not None:
+        return get(layer)
+    held = cache.layers[layer]
+    return held.conv_states[0] if held.has_previous_state[0] else None
+
+
+def recurrent_state(cache, layer: int):
+    """The recurrent (SSM) state of linear-attention `layer`, as `conv_state`
+    finds the conv state (5.24 `Cache.get_recurrent_state`; 5.17
+    `cache.layers[layer].recurrent_states[0]`)."""
+    get = getattr(cache, "get_recurrent_state", None)
+    if get is not None:
+        return get(layer)
+    held = cache.layers[layer]
+    return held.recurrent_states[0] if held.has_previous_state[0] else None
 
 
 def torch_index_select(src: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> None:

@@ -27,7 +27,15 @@ if not hasattr(transformers.DynamicCache, "update_conv_state"):
 import numpy as np  # noqa: E402
 from unikv.sim.models import load_model  # noqa: E402
 from unikv.sim.real.attention import StepContext, register, use_step  # noqa: E402
-from unikv.sim.real.state import StateBinder, cache_kwarg, layer_states, mamba2_layers, state_bytes  # noqa: E402
+from unikv.sim.real.state import (  # noqa: E402
+    StateBinder,
+    cache_kwarg,
+    conv_state,
+    layer_states,
+    mamba2_layers,
+    recurrent_state,
+    state_bytes,
+)
 
 from unikv import Band, Layout, UnifiedPool  # noqa: E402
 from unikv.backends import SimBackend  # noqa: E402
@@ -92,9 +100,9 @@ def test_unikv_state_bytes_are_transformers_cache_less_its_redundant_conv_column
     with torch.no_grad():
         cache = out_cache(model(input_ids=prompt("c")[None], use_cache=True))
     geoms = mamba2_layers(model)
-    hf = sum(cache.get_conv_state(g.layer).nbytes + cache.get_recurrent_state(g.layer).nbytes for g in geoms)
+    hf = sum(conv_state(cache, g.layer).nbytes + recurrent_state(cache, g.layer).nbytes for g in geoms)
     # transformers keeps d_conv conv columns; vLLM, SGLang and unikv keep d_conv - 1
-    redundant = sum(g.conv_dim * cache.get_conv_state(g.layer).element_size() for g in geoms)
+    redundant = sum(g.conv_dim * conv_state(cache, g.layer).element_size() for g in geoms)
     assert spec.state_kinds[0].layers == len(geoms) == 2
     assert spec.state_bytes == hf - redundant == state_bytes(layer_states(model))
 
@@ -260,11 +268,11 @@ def test_steady_decode_reuses_one_cache_and_empties_its_attention(pool_model):
     run.decode(["b", "c"])
     slots = run.slots(["b", "c"])
     first = run.binder.before(slots)
-    ssm_ptr = first.get_recurrent_state(0).data_ptr()
+    ssm_ptr = recurrent_state(first, 0).data_ptr()
     assert first.layers[ATTN].keys is None  # the last forward's K/V were dropped
     run.binder.after(first, slots)
     again = run.binder.before(slots)
-    assert again is first and again.get_recurrent_state(0).data_ptr() == ssm_ptr
+    assert again is first and recurrent_state(again, 0).data_ptr() == ssm_ptr
     run.binder.after(again, slots)
     assert run.binder.before(slots[:1]) is not first  # another batch size: a new cache
 
@@ -299,3 +307,16 @@ def test_bf16_state_round_trips_through_the_pool_bit_exactly():
     assert pooled.tokens["c"] == own.tokens["c"]
     for a, b in zip(pooled.logits["c"], own.logits["c"]):
         assert torch.equal(a, b)
+
+
+def test_state_accessors_read_a_cache_without_the_getters_as_transformers_5_17_keeps_it():
+    """transformers 5.17 (the H200 image) has no Cache.get_conv_state /
+    get_recurrent_state: the accessors read the layer's lists instead."""
+    from types import SimpleNamespace
+
+    conv, ssm = torch.zeros(2, 3, 4), torch.ones(2, 5)
+    held = SimpleNamespace(conv_states=[conv], recurrent_states=[ssm], has_previous_state=[True])
+    empty = SimpleNamespace(conv_states=[conv], recurrent_states=[ssm], has_previous_state=[False])
+    cache = SimpleNamespace(layers=[held, empty])
+    assert conv_state(cache, 0) is conv and recurrent_state(cache, 0) is ssm
+    assert conv_state(cache, 1) is None and recurrent_state(cache, 1) is None
