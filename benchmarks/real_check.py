@@ -113,7 +113,10 @@ def compare(ex, logits, requests) -> dict:
     from unikv.sim.request import Request
 
     model = ex.model
-    model.set_attn_implementation("sdpa")
+    try:
+        model.set_attn_implementation("sdpa")
+    except ValueError:  # gpt-oss: transformers offers no SDPA path (its sinks); its eager attention then
+        model.set_attn_implementation("eager")
     hashes = trace()["prefix_hashes"]
     rows = []
     with torch.inference_mode():

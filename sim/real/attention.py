@@ -156,6 +156,8 @@ def unikv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     band = ctx.views.band(layer)
     tokens = b * s
     q = query.transpose(1, 2).reshape(tokens, hq, dk)
+    if key.shape[2] != s:  # a cache passed to the forward (a hybrid's) prepended its past K/V
+        key, value = key[:, :, -s:], value[:, :, -s:]
     ctx.views.write(layer, ctx.write_slots[band], _tokens(key), _tokens(value))
     scale = scaling if scaling is not None else module.head_dim ** -0.5
     out = paged_attention(q, ctx.views.k(layer), ctx.views.v(layer), ctx.block_tables[band],

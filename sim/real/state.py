@@ -181,7 +181,7 @@ class StateBinder:
         linear = {g.layer for g in self.layers}
         for i, layer in enumerate(cache.layers):
             if i not in linear:
-                layer.reset()  # attention K/V of the last forward: the pool holds them
+                _drop_attention(layer)  # attention K/V of the last forward: the pool holds them
         for g in self.layers:
             conv_state(cache, g.layer)[..., 1:] = self.views.get(g.layer, "conv")[idx]
             torch_index_select(self.views.get(g.layer, "ssm"), idx, recurrent_state(cache, g.layer))
@@ -230,6 +230,17 @@ class StateBinder:
         if idx.device.type == "cpu" and len(set(idx.tolist())) != idx.numel():
             raise ValueError(f"StateBinder: slots={idx.tolist()} repeat a slot")
         return idx.to(device)
+
+
+def _drop_attention(layer) -> None:
+    """Empty an attention layer of a reused cache, as transformers 5.24's
+    `DynamicLayer.reset` does (keys and values dropped, so the next `update`
+    starts from the new tokens). 5.17's `reset` zeroes them in place and the
+    next `update` concatenates onto the zeros (cache_utils.py,
+    `CacheLayerMixin.reset`, v5.17.0), so the keys are dropped here first."""
+    layer.keys = layer.values = None
+    layer.is_initialized = False
+    layer.reset()
 
 
 def conv_state(cache, layer: int):
