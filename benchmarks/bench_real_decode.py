@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import statistics
 import sys
 import time
@@ -56,16 +57,20 @@ class Case:
         self.seq = np.full(batch, context, dtype=np.int64)
         self.pages = []  # per request: its virtual pages, in position order
         self.last = np.zeros(batch, dtype=np.int64)  # its newest token id
-        for b in range(batch):
-            got = pool.alloc(-(-context // PS) * PS)
-            if got is None:
-                raise MemoryError("the layout cannot hold the batch")
-            got = np.asarray(got)
-            self.pages.append(sorted(set((got // PS).tolist())))
-            self.last[b] = got[context - 1]
         self.released = [0] * batch  # leading pages released on the window band
-        for b in range(batch):
-            self._ratchet(b)
+        chunk = max(PS, (self.window or context) // PS * PS)
+        for b in range(batch):  # filled chunk by chunk, the window released as it goes (the engine's ratchet)
+            self.pages.append([])
+            for start in range(0, context, chunk):
+                got = pool.alloc(-(-min(chunk, context - start) // PS) * PS)
+                if got is None:
+                    raise MemoryError("the layout cannot hold the batch")
+                got = np.asarray(got)
+                self.pages[b].extend(sorted(set((got // PS).tolist())))
+                self.last[b] = got[min(chunk, context - start) - 1]
+                self.seq[b] = min(context, start + chunk)
+                self._ratchet(b)
+        self.seq[:] = context
 
     def _ratchet(self, b: int) -> None:
         """Release request b's window-band pages wholly before its window."""
@@ -94,8 +99,7 @@ class Case:
         self.pool.flush(urgent=False)
         dev = self.device
         tables = {band: self.views.block_table(self.pages, band) for band in self.bands}
-        slots = {band: torch.as_tensor(np.asarray(self.pool.translate(new, band)), device=dev).long()
-                 for band in self.bands}
+        slots = {band: torch.as_tensor(self.pool.translate(new, band), device=dev).long() for band in self.bands}
         n = len(self.pages)
         return StepBatch(layout="padded",
                          input_ids=torch.randint(0, self.vocab, (n, 1), device=dev),
@@ -215,6 +219,10 @@ def main(argv=None) -> int:
                         row.update(run_case(lm, spec, placed, kind, batch, context, args.steps, max_pages))
                     except Exception as exc:  # one case's failure is reported; the grid goes on
                         row["status"] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                    finally:  # the case's pool, views and graphs go before the next is sized
+                        gc.collect()
+                        if DEVICE == "cuda":
+                            torch.cuda.empty_cache()
                     rows.append(row)
                     print(row, flush=True)
         del lm

@@ -169,11 +169,19 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--smoke", type=Path, default=None, metavar="CONFIG",
                     help="check the script on the CPU: fp32, this (small) config, prompts / 30")
+    ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16",
+                    help="model and KV dtype (fp32 doubles each budget: the same tokens fit)")
     args = ap.parse_args(argv)
     import torch
 
+    global DTYPE
+    if args.dtype == "fp32" and args.smoke is None:
+        DTYPE = "fp32"
+        for name, (path, budget, compaction, graphs) in list(MODELS.items()):
+            MODELS[name] = (path, 2 * budget, compaction, graphs)
+
     if args.smoke is not None:
-        global SCALE, DEVICE, DTYPE
+        global SCALE, DEVICE
         SCALE, DEVICE, DTYPE = 30, "cpu", "fp32"
         MODELS.clear()
         MODELS["smoke"] = (args.smoke.resolve(), 0.0003, "lazy", False)
@@ -183,7 +191,7 @@ def main(argv=None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__, "models": {}}
+    report = {"dtype": DTYPE, "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__, "models": {}}
     for name in args.models:
         path, budget, compaction, graphs = MODELS[name]
         t0 = time.perf_counter()
