@@ -92,7 +92,7 @@ class Simulation:
                 continue
             plan = sched.plan(self.env.now)
             event = executor.launch(plan)
-            moved = mem.begin_forward(event, plan.write_ids, sched.running)
+            moved = mem.begin_forward(event, plan.write_ids, sched.running, plan.write_pages)
             dt = executor.duration_s(plan, moved)
             yield self.env.timeout(dt)
             executor.done(event)

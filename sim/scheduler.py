@@ -36,6 +36,8 @@ class StepPlan:
             new positions, then the pages of every prefill chunk, one id per
             page), as int64.
         whole_batch: the batch is every running request.
+        write_pages: the virtual page of each of `write_ids`, as Python
+            ints (what the pool's hazards need: `Memory.begin_forward`).
     """
 
     index: int
@@ -44,6 +46,7 @@ class StepPlan:
     prefill_tokens: int
     write_ids: np.ndarray
     whole_batch: bool
+    write_pages: list[int] | None = None
 
     def batch(self) -> list[Request]:
         """The requests the forward computes: prefills, then decoders."""
@@ -113,16 +116,21 @@ class Scheduler:
         decode = list(self.decoding)
         if self.counts["retracted"] != retracted:
             written = [r.last_loc(self.ps) for r in decode]
-        return StepPlan(self.steps, prefill, decode, prefill_tokens,
-                        self._write_ids(written, prefill), len(prefill) == len(self.prefilling))
+        ids, pages = self._writes(written, prefill)
+        return StepPlan(self.steps, prefill, decode, prefill_tokens, ids,
+                        len(prefill) == len(self.prefilling), pages)
 
-    def _write_ids(self, written: list[int], prefill: list[tuple[Request, int]]) -> np.ndarray:
-        """The decoders' `written` ids, then one id per page of each chunk."""
+    def _writes(self, written: list[int], prefill: list[tuple[Request, int]]) -> tuple[np.ndarray, list[int]]:
+        """The decoders' `written` ids, then one id per page of each chunk
+        (int64), and the page of each (Python ints)."""
         ps = self.ps
+        pages = [t // ps for t in written]
         for r, chunk in prefill:
             first, last = (r.seq - chunk) // ps, (r.seq - 1) // ps
-            written.extend(p * ps for p in r.pages[first: last + 1])
-        return int64_ids(written)
+            chunk_pages = r.pages[first: last + 1]
+            written.extend([p * ps for p in chunk_pages])
+            pages += chunk_pages
+        return int64_ids(written), pages
 
     def _decode(self, now: float) -> list[int]:
         """One token for every decoding request (the ids they write)."""

@@ -77,11 +77,14 @@ class Hazards:
         self._sets: dict[int, set[int]] = {}  # id(writes array) -> its set, built on first ask
         self.settles = 0
 
-    def set_forward(self, event: Any, writes: dict[str, np.ndarray]) -> None:
-        """Record a launched forward; `writes` maps band name -> virtual pages."""
+    def set_forward(self, event: Any, writes: dict[str, np.ndarray],
+                    sets: dict[int, set[int]] | None = None) -> None:
+        """Record a launched forward; `writes` maps band name -> virtual
+        pages (`sets`: id of a `writes` array -> its pages as a set, for a
+        caller that has them already)."""
         self.event = event
         self.writes = writes
-        self._sets = {}
+        self._sets = {} if sets is None else sets
 
     def clear(self) -> None:
         self.event = None
