@@ -264,29 +264,23 @@ class Memory:
     # -- allocation --
 
     def extend(self, req: Request, tokens: int) -> bool:
-        """Allocate the next `tokens` positions of one request (no eviction)."""
-        last = req.last_loc(self.ps)
-        out = self.pool.alloc_extend([req.seq], [req.seq + tokens], [last], tokens)
-        if out is None:
-            return False
-        held, cap = len(req.pages), self.window_cap
-        self._append(req, req.seq, out)
+        """Allocate the next `tokens` positions of one request (no eviction).
+
+        The positions fill the tail page, then fresh pages: the pool's
+        `alloc_extend` of one request takes exactly those pages, so they
+        are taken as pages (`take_pages`), with no token id to build."""
+        held, cap, ps = len(req.pages), self.window_cap, self.ps
+        new = -(-(req.seq + tokens) // ps) - held  # pages hold positions [0, seq): ceil(seq / ps)
+        if new > 0:
+            fresh = self.pool.take_pages(new)
+            if fresh is None:
+                return False
+            req.pages.extend(fresh.tolist())
         self.held_window += min(req.seq + tokens, cap) - min(req.seq, cap)
         req.seq += tokens
         self.held_seq += tokens
         self.held_pages += len(req.pages) - held
         return True
-
-    def _append(self, req: Request, start: int, ids) -> None:
-        """Record the fresh pages among the new token ids at positions start...
-        (`ids`: the pool's answer, a numpy array or a CPU tensor)."""
-        if not isinstance(ids, np.ndarray):
-            ids = np.asarray(ids)  # a CPU tensor: a zero-copy view
-        first_new = -(-start // self.ps)  # page index of the first fresh page
-        offset = first_new * self.ps - start
-        if offset < len(ids):
-            req.pages.extend((ids[offset:: self.ps] // self.ps).tolist())
-        assert len(req.pages) == -(-(start + len(ids)) // self.ps)
 
     def decode(self, reqs: list[Request]) -> list[int] | None:
         """One new position for every request in `reqs` (no eviction): the
@@ -303,6 +297,7 @@ class Memory:
         due: list[Request] = []  # position s + 1 puts a page boundary at the window's edge
         opening: list[Request] = []
         spots: list[int] = []  # where the openers' ids go in `ids`
+        put = ids.append  # bound once: this loop runs over every decoder, every step
         for r in reqs:
             s = r.seq
             r.seq = s + 1
@@ -312,11 +307,11 @@ class Memory:
             if s < cap:
                 inside += 1
             if m:  # position s on the tail page
-                ids.append(r.pages[-1] * ps + m)
+                put(r.pages[-1] * ps + m)
             else:
                 opening.append(r)
                 spots.append(len(ids))
-                ids.append(-1)
+                put(-1)
         if opening:
             # Every opener's new position is its fresh page's first slot:
             # alloc_decode would take one page each and answer page * ps.
