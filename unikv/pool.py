@@ -528,14 +528,13 @@ class UnifiedPool:
         naming `pages`."""
         if pages and not (min(pages) >= 0 and max(pages) < self.vids.size):
             check_range(np.asarray(pages, dtype=np.int64), 0, self.vids.size, "set_inflight_pages: pages")
-        arr = np.array(pages, dtype=np.int64)
-        writes = dict.fromkeys(self.token_names, arr)  # coupled: one array
-        self._declare_forward(done_event, writes, len(pages), state_write_ids, {id(arr): set(pages)})
+        self._declare_forward(done_event, {}, len(pages), state_write_ids, (self.token_names, pages))
 
     def _declare_forward(self, done_event, writes: dict[str, np.ndarray], n_writes: int,
-                         state_write_ids, written: dict[int, set[int]] | None = None) -> None:
+                         state_write_ids, shared: tuple[list[str], list[int]] | None = None) -> None:
         """Check the state writes and the event, then hand the forward to
-        the hazards (`written`: the token pages' set, when known)."""
+        the hazards (`shared`: the token bands and the pages they all
+        write, as Python ints: `Hazards.set_forward`)."""
         for name, ids in (state_write_ids or {}).items():
             self._state_band(name)
             what = f"set_inflight_forward: state ids of {name!r}"
@@ -546,7 +545,7 @@ class UnifiedPool:
             raise ValueError(f"set_inflight_forward: done_event=None but the forward writes {n_writes} "
                              "ids; pass its done event "
                              "(without one the pool cannot protect the pages it writes)")
-        self.hazards.set_forward(done_event, writes, written)
+        self.hazards.set_forward(done_event, writes, shared)
 
     # -- maintenance --
 
