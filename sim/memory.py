@@ -132,14 +132,15 @@ class Memory:
         urgent flush would release (the pool's schedulable view)."""
         return self.pool.available_size(schedulable=True)
 
-    def begin_forward(self, event, write_ids: np.ndarray, running: list[Request],
+    def begin_forward(self, event, write_ids: np.ndarray | None, running: list[Request],
                       write_pages: list[int] | None = None) -> int:
         """Declare the forward behind `event` (it writes the virtual token
         ids `write_ids` and the state slots of `running`), then flush
         opportunistically while it runs; returns the bytes moved since the
         last call (moves made between forwards are charged to the next).
-        `write_pages`: the page of each of `write_ids` (`StepPlan`), when
-        known: the pool then takes the pages as they are."""
+        `write_pages`: the page of each written id (`StepPlan`), when
+        known: the pool then takes the pages as they are (and `write_ids`
+        may be None)."""
         states = {}
         if self.state_band is not None:
             states[self.state_band] = [r.state for r in running]

@@ -391,13 +391,13 @@ class UnifiedPool:
             del values[0]
         if len(values) <= paged.SMALL_BATCH:  # a few pages: Python steps beat numpy calls
             size, binds, prev = self.vids.size, self.vids.binds, -1
-            for v in values:
-                if not (prev < v < size and binds[v] > 0):
+            for page in values:
+                if not (prev < page < size and binds[page] > 0):
                     break  # the vector checks below name the offender
-                prev = v
+                prev = page
             else:
                 if bound_v2p is not None:
-                    values = [v for v in values if bound_v2p[v] >= 0]
+                    values = [p for p in values if bound_v2p[p] >= 0]
                 return np.array(values, dtype=np.int64)
         v = np.array(values, dtype=np.int64)
         if len(v) and (v[0] < 0 or v[-1] >= self.vids.size):
