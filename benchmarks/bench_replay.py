@@ -54,8 +54,9 @@ def replay(args, layout: str, model: str, budget: float, profile: bool = False) 
     from unikv.sim.run import git_revision, run
 
     import unikv
+    extra = {} if args.oversize is None else {"oversize": args.oversize}
     cfg = RunConfig(trace=args.trace, trace_end_s=args.end_s, model=model, kv_budget_gib=budget,
-                    layout=layout)
+                    layout=layout, **extra)
     prof = cProfile.Profile() if profile else None
     t0, c0 = time.perf_counter(), time.process_time()
     if prof:
@@ -87,8 +88,11 @@ def child(args, layout: str, model: str, budget: float, before: str | None) -> d
            "--layouts", layout, "--model", model, "--kv-budget-gib", str(budget)]
     if args.end_s is not None:
         cmd += ["--end-s", str(args.end_s)]
-    out = subprocess.run(cmd, env=env, cwd="/" if before else ROOT, capture_output=True, text=True,
-                         check=True)
+    if args.oversize is not None:
+        cmd += ["--oversize", args.oversize]
+    out = subprocess.run(cmd, env=env, cwd="/" if before else ROOT, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"{'before' if before else 'after'} {layout} on {model} failed:\n{out.stderr[-2000:]}")
     row = json.loads(out.stdout.strip().splitlines()[-1])
     row["version"] = "before" if before else "after"
     return row
@@ -107,10 +111,11 @@ def main() -> int:
     p.add_argument("--trace", default=default_trace())
     p.add_argument("--model", default="gemma-3-12b")
     p.add_argument("--kv-budget-gib", type=float, default=8.0)
-    p.add_argument("--layouts", nargs="+", default=["fixed_ratio", "end_end", "oracle"])
+    p.add_argument("--layouts", nargs="*", default=["fixed_ratio", "end_end", "oracle"])
     p.add_argument("--float-model", default=None, help="also end_float_end on this (three-kind) model")
     p.add_argument("--float-budget-gib", type=float, default=1.0)
     p.add_argument("--end-s", type=float, default=None, help="replay only the first END_S seconds")
+    p.add_argument("--oversize", default=None, help="RunConfig.oversize (default: its default)")
     p.add_argument("--profile", action="store_true", help="cProfile the first layout")
     p.add_argument("--before", default=None, help="a checkout to compare against (see above)")
     p.add_argument("--rounds", type=int, default=1, help="alternations per case with --before")
