@@ -92,7 +92,8 @@ class Simulation:
                 continue
             plan = sched.plan(self.env.now)
             event = executor.launch(plan)
-            moved = mem.begin_forward(event, plan.write_ids, sched.running)
+            pages = plan.write_pages  # when known, the ids' array is never built
+            moved = mem.begin_forward(event, plan.write_ids if pages is None else None, sched.running, pages)
             dt = executor.duration_s(plan, moved)
             yield self.env.timeout(dt)
             executor.done(event)

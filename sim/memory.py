@@ -115,7 +115,7 @@ class Memory:
         took it back already and may have given it to another request)."""
         held = [p for p in pages if p != GONE]
         if held:
-            self.pool.free(self._reps(held))
+            self.pool.free_pages(held)
 
     def bound_pages(self, pages: list[int], band: str) -> int:
         """How many of the virtual `pages` are bound on token band `band`."""
@@ -132,15 +132,22 @@ class Memory:
         urgent flush would release (the pool's schedulable view)."""
         return self.pool.available_size(schedulable=True)
 
-    def begin_forward(self, event, write_ids: np.ndarray, running: list[Request]) -> int:
+    def begin_forward(self, event, write_ids: np.ndarray | None, running: list[Request],
+                      write_pages: list[int] | None = None) -> int:
         """Declare the forward behind `event` (it writes the virtual token
         ids `write_ids` and the state slots of `running`), then flush
         opportunistically while it runs; returns the bytes moved since the
-        last call (moves made between forwards are charged to the next)."""
+        last call (moves made between forwards are charged to the next).
+        `write_pages`: the page of each written id (`StepPlan`), when
+        known: the pool then takes the pages as they are (and `write_ids`
+        may be None)."""
         states = {}
         if self.state_band is not None:
             states[self.state_band] = [r.state for r in running]
-        self.pool.set_inflight_forward(event, write_ids, states)
+        if write_pages is not None:
+            self.pool.set_inflight_pages(event, write_pages, states)
+        else:
+            self.pool.set_inflight_forward(event, write_ids, states)
         self.pool.flush(urgent=False)
         total = sum([c.moved_bytes for c in self._band_counters])
         moved, self._moved_mark = total - self._moved_mark, total
@@ -258,29 +265,23 @@ class Memory:
     # -- allocation --
 
     def extend(self, req: Request, tokens: int) -> bool:
-        """Allocate the next `tokens` positions of one request (no eviction)."""
-        last = req.last_loc(self.ps)
-        out = self.pool.alloc_extend([req.seq], [req.seq + tokens], [last], tokens)
-        if out is None:
-            return False
-        held, cap = len(req.pages), self.window_cap
-        self._append(req, req.seq, out)
+        """Allocate the next `tokens` positions of one request (no eviction).
+
+        The positions fill the tail page, then fresh pages: the pool's
+        `alloc_extend` of one request takes exactly those pages, so they
+        are taken as pages (`take_pages`), with no token id to build."""
+        held, cap, ps = len(req.pages), self.window_cap, self.ps
+        new = -(-(req.seq + tokens) // ps) - held  # pages hold positions [0, seq): ceil(seq / ps)
+        if new > 0:
+            fresh = self.pool.take_pages(new)
+            if fresh is None:
+                return False
+            req.pages.extend(fresh.tolist())
         self.held_window += min(req.seq + tokens, cap) - min(req.seq, cap)
         req.seq += tokens
         self.held_seq += tokens
         self.held_pages += len(req.pages) - held
         return True
-
-    def _append(self, req: Request, start: int, ids) -> None:
-        """Record the fresh pages among the new token ids at positions start...
-        (`ids`: the pool's answer, a numpy array or a CPU tensor)."""
-        if not isinstance(ids, np.ndarray):
-            ids = np.asarray(ids)  # a CPU tensor: a zero-copy view
-        first_new = -(-start // self.ps)  # page index of the first fresh page
-        offset = first_new * self.ps - start
-        if offset < len(ids):
-            req.pages.extend((ids[offset:: self.ps] // self.ps).tolist())
-        assert len(req.pages) == -(-(start + len(ids)) // self.ps)
 
     def decode(self, reqs: list[Request]) -> list[int] | None:
         """One new position for every request in `reqs` (no eviction): the
@@ -297,8 +298,7 @@ class Memory:
         due: list[Request] = []  # position s + 1 puts a page boundary at the window's edge
         opening: list[Request] = []
         spots: list[int] = []  # where the openers' ids go in `ids`
-        seq: list[int] = []
-        last: list[int] = []
+        put = ids.append  # bound once: this loop runs over every decoder, every step
         for r in reqs:
             s = r.seq
             r.seq = s + 1
@@ -308,23 +308,22 @@ class Memory:
             if s < cap:
                 inside += 1
             if m:  # position s on the tail page
-                ids.append(r.pages[-1] * ps + m)
+                put(r.pages[-1] * ps + m)
             else:
                 opening.append(r)
                 spots.append(len(ids))
-                ids.append(-1)
-                seq.append(s + 1)
-                # last_loc: the slot of position s - 1 (s >= 1: a page is full)
-                last.append(r.pages[s // ps - 1] * ps + ps - 1 if s else -1)
+                put(-1)
         if opening:
-            out = self.pool.alloc_decode(int64_ids(seq), int64_ids(last))
-            if out is None:
+            # Every opener's new position is its fresh page's first slot:
+            # alloc_decode would take one page each and answer page * ps.
+            fresh = self.pool.take_pages(len(opening))
+            if fresh is None:
                 for r in reqs:
                     r.seq -= 1
                 return None
-            for r, i, t in zip(opening, spots, out.tolist()):
-                r.pages.append(t // ps)
-                ids[i] = t  # the fresh page's first slot: position s
+            for r, i, page in zip(opening, spots, fresh.tolist()):
+                r.pages.append(page)
+                ids[i] = page * ps  # the fresh page's first slot: position s
             self.held_pages += len(opening)
         self.held_seq += len(reqs)
         self.held_window += inside
@@ -343,18 +342,18 @@ class Memory:
         band the released pages become GONE: the pool took their ids back."""
         if not self.swa:
             return 0
-        reps = []
+        pages: list[int] = []
         window, ps = self.window, self.ps
         for r in reqs:
             out = (r.seq - window) // ps
             if out > r.swa_released:
-                reps.extend([p * ps for p in r.pages[r.swa_released:out]])
+                pages += r.pages[r.swa_released:out]
                 if self.release_drops:
                     r.pages[r.swa_released:out] = [GONE] * (out - r.swa_released)
                 r.swa_released = out
-        if reps:
-            self.pool.release(int64_ids(reps), "swa")
-        return len(reps)
+        if pages:
+            self.pool.release_pages(pages, "swa")
+        return len(pages)
 
     # -- release --
 

@@ -32,18 +32,30 @@ class StepPlan:
             then admissions.
         decode: the requests decoding one token each, in running order.
         prefill_tokens: the chunks summed.
-        write_ids: the virtual token ids the forward writes (the decoders'
+        written: the virtual token ids the forward writes (the decoders'
             new positions, then the pages of every prefill chunk, one id per
-            page), as int64.
+            page): Python ints (or an int array); `write_ids` has them as
+            int64.
         whole_batch: the batch is every running request.
+        write_pages: the virtual page of each of `written`, as Python ints
+            (what the pool's hazards need: `Memory.begin_forward`), or None
+            (the pool then derives them from `write_ids`).
     """
 
     index: int
     prefill: list[tuple[Request, int]]
     decode: list[Request]
     prefill_tokens: int
-    write_ids: np.ndarray
+    written: list[int] | np.ndarray
     whole_batch: bool
+    write_pages: list[int] | None = None
+
+    @property
+    def write_ids(self) -> np.ndarray:
+        """`written` as a 1-D int64 array, built when asked: the simulated
+        engine hands the pool pages, so only an executor that runs the
+        forward reads the ids (an array a step would otherwise build)."""
+        return int64_ids(self.written)
 
     def batch(self) -> list[Request]:
         """The requests the forward computes: prefills, then decoders."""
@@ -113,16 +125,21 @@ class Scheduler:
         decode = list(self.decoding)
         if self.counts["retracted"] != retracted:
             written = [r.last_loc(self.ps) for r in decode]
-        return StepPlan(self.steps, prefill, decode, prefill_tokens,
-                        self._write_ids(written, prefill), len(prefill) == len(self.prefilling))
+        pages = self._writes(written, prefill)
+        return StepPlan(self.steps, prefill, decode, prefill_tokens, written,
+                        len(prefill) == len(self.prefilling), pages)
 
-    def _write_ids(self, written: list[int], prefill: list[tuple[Request, int]]) -> np.ndarray:
-        """The decoders' `written` ids, then one id per page of each chunk."""
+    def _writes(self, written: list[int], prefill: list[tuple[Request, int]]) -> list[int]:
+        """Extend the decoders' `written` ids with one id per page of each
+        chunk; returns the page of each."""
         ps = self.ps
+        pages = [t // ps for t in written]
         for r, chunk in prefill:
             first, last = (r.seq - chunk) // ps, (r.seq - 1) // ps
-            written.extend(p * ps for p in r.pages[first: last + 1])
-        return int64_ids(written)
+            chunk_pages = r.pages[first: last + 1]
+            written.extend([p * ps for p in chunk_pages])
+            pages += chunk_pages
+        return pages
 
     def _decode(self, now: float) -> list[int]:
         """One token for every decoding request (the ids they write)."""

@@ -9,6 +9,7 @@ One done-event covers both hazards: it is recorded after the whole forward.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Generic, overload
 
@@ -73,20 +74,41 @@ class Hazards:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.event: Any | None = None
-        self.writes: dict[str, np.ndarray] = {}
+        self._writes: dict[str, np.ndarray] = {}
         self._sets: dict[int, set[int]] = {}  # id(writes array) -> its set, built on first ask
+        # (band names, pages as Python ints, their set or None until asked):
+        # one coupled write given as ints, kept as they came
+        self._shared: list | None = None
         self.settles = 0
 
-    def set_forward(self, event: Any, writes: dict[str, np.ndarray]) -> None:
-        """Record a launched forward; `writes` maps band name -> virtual pages."""
+    def set_forward(self, event: Any, writes: dict[str, np.ndarray],
+                    shared: tuple[Sequence[str], list[int]] | None = None) -> None:
+        """Record a launched forward; `writes` maps band name -> virtual
+        pages. `shared`: (band names, virtual pages as Python ints) one
+        write every band named makes (a coupled token write); its array is
+        built only when `writes` is read (the movers ask for sets)."""
         self.event = event
-        self.writes = writes
+        self._writes = writes
         self._sets = {}
+        self._shared = None if shared is None else [shared[0], shared[1], None]
+
+    @property
+    def writes(self) -> dict[str, np.ndarray]:
+        """Band name -> the virtual pages the forward writes (int64)."""
+        shared = self._shared
+        if shared is not None:
+            arr = np.array(shared[1], dtype=np.int64)
+            self._writes = {**dict.fromkeys(shared[0], arr), **self._writes}
+            if shared[2] is not None:
+                self._sets[id(arr)] = shared[2]
+            self._shared = None
+        return self._writes
 
     def clear(self) -> None:
         self.event = None
-        self.writes = {}
+        self._writes = {}
         self._sets = {}
+        self._shared = None
 
     def pending_event(self) -> Any | None:
         """The forward's event while it is still running, else None."""
@@ -114,7 +136,12 @@ class Hazards:
     def writes_of(self, name: str) -> AbstractSet[int]:
         """`written(name)` for a caller that has just seen the forward
         running (`pending_event()` is not None)."""
-        pages = self.writes.get(name)
+        shared = self._shared
+        if shared is not None and name in shared[0]:
+            if shared[2] is None:
+                shared[2] = set(shared[1])
+            return shared[2]
+        pages = self._writes.get(name)
         if pages is None:
             return _NONE
         # Keyed by the array: the token bands share one (a coupled write).

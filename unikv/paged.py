@@ -322,7 +322,7 @@ def check_ids(ids: np.ndarray, high: int, what: str) -> None:
         values = ids.tolist()
         if not values or (min(values) >= 0 and max(values) < high):
             return
-    elif int(ids.view(np.uint64).max()) < high:
+    elif int(np.maximum.reduce(ids.view(np.uint64))) < high:  # the ufunc: no wrapper
         return
     check_range(ids, 0, high, what)
 

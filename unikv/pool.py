@@ -245,6 +245,17 @@ class UnifiedPool:
             return None
         return self._out(paged.decode_ids(req, new_pages, self.page_size))
 
+    def take_pages(self, n: int) -> np.ndarray | torch.Tensor | None:
+        """`n` fresh virtual pages (page ids, not token ids), bound on every
+        token band: the pages `alloc_decode` or `alloc_extend` takes when
+        every position they place opens a page (its first slot is
+        `page * page_size`). For a caller that tracks its own pages (the
+        simulator's memory layer): no per-token argument to check. None on
+        shortfall (nothing allocated)."""
+        self._require_tokens()
+        pages = self._take_token_pages(check_count(n, "take_pages: n"))
+        return None if pages is None else self._out(pages)
+
     def _take_token_pages(self, pages: int) -> np.ndarray | None:
         """Fresh virtual pages bound on every token band, or None."""
         if pages == 0:
@@ -340,6 +351,64 @@ class UnifiedPool:
         moves = self._unbind(target, pages)
         self.vids.drop(pages)
         return moves
+
+    def free_pages(self, pages: Sequence[int]) -> int:
+        """`free` of whole virtual pages (distinct page ids, as `take_pages`
+        hands out): every token band still binding them lets go; returns
+        page moves. ValueError (state unchanged) for a page out of range,
+        the sink, a repeat, or a page not allocated."""
+        self._require_tokens()
+        v = self._live_page_array(pages, "free_pages", allow_sink=False)
+        moves = 0
+        for name in self.token_names:
+            band = self.bands[name]
+            moves += self._unbind(band, v[band.v2p[v] >= 0])
+        self.vids.drop_all(v)
+        return moves
+
+    def release_pages(self, pages: Sequence[int], band: str) -> int:
+        """`release` of whole virtual pages (distinct page ids) on one token
+        band; pages already released there and the sink are skipped, as
+        `release` skips them. Returns page moves. ValueError (state
+        unchanged) for an unknown or state band, a page out of range, a
+        repeat, or a page not allocated."""
+        target = self._token_bands.get(band) if isinstance(band, str) else None
+        if target is None:
+            target = self._token_band(band)  # names the mistake
+        v = self._live_page_array(pages, "release_pages", allow_sink=True, bound_v2p=target.v2p)
+        moves = self._unbind(target, v)
+        self.vids.drop(v)
+        return moves
+
+    def _live_page_array(self, pages: Sequence[int], op: str, allow_sink: bool,
+                         bound_v2p: np.ndarray | None = None) -> np.ndarray:
+        """Distinct allocated virtual `pages`, ascending as `paged.live_pages`
+        orders them (the bands' hole order follows it), as int64; of those,
+        the ones a band binds when its v2p table is given (`bound_v2p`).
+        `allow_sink`: the sink is dropped instead of refused."""
+        values = sorted(pages.tolist() if isinstance(pages, np.ndarray) else pages)
+        if allow_sink and values and values[0] == 0:
+            del values[0]
+        if len(values) <= paged.SMALL_BATCH:  # a few pages: Python steps beat numpy calls
+            size, binds, prev = self.vids.size, self.vids.binds, -1
+            for page in values:
+                if not (prev < page < size and binds[page] > 0):
+                    break  # the vector checks below name the offender
+                prev = page
+            else:
+                if bound_v2p is not None:
+                    values = [p for p in values if bound_v2p[p] >= 0]
+                return np.array(values, dtype=np.int64)
+        v = np.array(values, dtype=np.int64)
+        if len(v) and (v[0] < 0 or v[-1] >= self.vids.size):
+            raise ValueError(f"{op}: pages {few(v[(v < 0) | (v >= self.vids.size)])} are outside "
+                             f"[0, {self.vids.size})")
+        if len(v) > 1 and bool((v[1:] == v[:-1]).any()):
+            raise ValueError(f"{op}: pages {few(v[1:][v[1:] == v[:-1]])} repeat")
+        if len(v) and not bool(self.vids.binds[v].all()):
+            raise ValueError(f"{op}: virtual pages {few(v[self.vids.binds[v] <= 0])} are not "
+                             "allocated (never allocated, or already freed)")
+        return v if bound_v2p is None else v[bound_v2p[v] >= 0]
 
     def _unbind(self, band, v_pages: np.ndarray) -> int:
         if len(v_pages) == 0:
@@ -449,6 +518,23 @@ class UnifiedPool:
             n_writes = len(t)
             paged.check_ids(t, self.vids.size * self.page_size, "set_inflight_forward: write_ids")
             writes = dict.fromkeys(self.token_names, paged.page_of(t, self.page_size))  # coupled: one array
+        self._declare_forward(done_event, writes, n_writes, state_write_ids)
+
+    def set_inflight_pages(self, done_event, pages: list[int], state_write_ids=None) -> None:
+        """`set_inflight_forward` for a caller that knows the virtual pages
+        its forward writes on the token bands (`pages`: Python ints, one per
+        written token or fewer; repeats allowed): no token id to convert.
+        The same hazards follow; ValueError (state unchanged) as there,
+        naming `pages`."""
+        if pages and not (min(pages) >= 0 and max(pages) < self.vids.size):
+            check_range(np.asarray(pages, dtype=np.int64), 0, self.vids.size, "set_inflight_pages: pages")
+        self._declare_forward(done_event, {}, len(pages), state_write_ids, (self.token_names, pages))
+
+    def _declare_forward(self, done_event, writes: dict[str, np.ndarray], n_writes: int,
+                         state_write_ids, shared: tuple[list[str], list[int]] | None = None) -> None:
+        """Check the state writes and the event, then hand the forward to
+        the hazards (`shared`: the token bands and the pages they all
+        write, as Python ints: `Hazards.set_forward`)."""
         for name, ids in (state_write_ids or {}).items():
             self._state_band(name)
             what = f"set_inflight_forward: state ids of {name!r}"
@@ -459,7 +545,7 @@ class UnifiedPool:
             raise ValueError(f"set_inflight_forward: done_event=None but the forward writes {n_writes} "
                              "ids; pass its done event "
                              "(without one the pool cannot protect the pages it writes)")
-        self.hazards.set_forward(done_event, writes)
+        self.hazards.set_forward(done_event, writes, shared)
 
     # -- maintenance --
 

@@ -5,7 +5,6 @@ takes 1 s (constant cost), so times are step counts.
 """
 
 import pytest
-import torch
 from unikv.sim.config import RunConfig
 from unikv.sim.engine import Simulation
 from unikv.sim.layouts import applicable_kinds
@@ -109,13 +108,13 @@ def test_window_ratchet_releases_exactly_the_out_of_window_pages():
     sim = Simulation(reqs, mem, step_cost=const_cost, kv_bytes=lambda b: 0, max_running=4,
                      prefill_tokens_per_step=100, max_tokens=100, check_every=1)
     seen = []
-    orig = pool.release
+    orig = pool.release_pages  # the memory layer releases whole pages
 
-    def spy(ids, band, start_pos=None):
-        seen.append((sim.env.now, sorted(set((torch.as_tensor(ids) // 2).tolist()))))
-        return orig(ids, band, start_pos)
+    def spy(pages, band):
+        seen.append((sim.env.now, sorted(set(pages))))
+        return orig(pages, band)
 
-    pool.release = spy
+    pool.release_pages = spy
     sim.run()
     # pages of 2 tokens; after the prefill (seq 6) pages 0 ([0,2)) is out of
     # the 4-token window; each later page leaves when seq passes 2 more.
