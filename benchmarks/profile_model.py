@@ -1,0 +1,269 @@
+"""Measure a model's step-time profile on a GPU with the real executor's
+forwards (issue 17 item 1), in the format `sim.profile.StepProfile` reads.
+
+Forwards run as the real executor runs them: the model's attention reads
+and writes the pool through `unikv.tensors.KVViews` and the Triton
+paged-attention kernel. Decode steps go through `sim.real.graphs.DecodeGraphs`
+(one CUDA graph per batch-size bucket); prefill and mixed steps are packed
+`[1, T]` eager forwards, as the executor runs them. Each point is the median
+of `--reps` timed forwards (CUDA events) after a warm-up:
+
+- decode: B requests at `context` tokens, one token each;
+- prefill: one chunk of `chunk` tokens over `cached` tokens already in the
+  pool;
+- mixed: one chunk of `chunk` tokens (no cache) packed with B decoders at
+  `--mixed-context` tokens;
+- non-forward time: the median host time of a decode step (alloc_decode,
+  window release, flush, translate, block tables) over the decode grid.
+
+Two files are written: FIT (the grids the cost model interpolates) and
+HELDOUT (points between them, never used for fitting), so that
+`benchmarks/profile_accuracy.py FIT HELDOUT` gives the accuracy table.
+Random weights (no checkpoint can be loaded on the GPU machine); a forward's
+time does not depend on the weights' values.
+
+    python benchmarks/profile_model.py --model gemma-3-12b --gpu h200 \\
+        --out sim/data/profiles/gemma-3-12b__h200.json \\
+        --heldout results/profiles/gemma-3-12b__h200_heldout.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import bench_real_decode as brd  # the decode case (this folder)
+from bench_real_decode import CONFIGS, PS, Case
+
+FIT = {"decode": ([1, 8, 32, 96], [512, 2048, 8192]),
+       "prefill": ([256, 1024, 4096], [0, 2048, 8192]),
+       "mixed": ([256, 1024, 4096], [1, 16, 64])}
+HELDOUT = {"decode": ([4, 64], [1024, 4096]),
+           "prefill": ([512, 2048], [1024, 4096]),
+           "mixed": ([512, 2048], [4, 32])}
+
+
+def pool_for(spec, placed, tokens: int, requests: int, windowed: bool = True):
+    """A unified pool (end_end) holding `requests` requests of `tokens`
+    (`windowed`: the window band holds only a window of each)."""
+    import torch
+    from unikv.sim.layouts import build_layout
+
+    from unikv.backends import CudaBackend
+    from unikv.tensors import KVViews
+
+    window = min(tokens, spec.window_tokens or tokens) if windowed else tokens
+    need = requests * ((tokens + 4 * PS) * spec.full_token_bytes + (window + 4 * PS) * spec.swa_token_bytes)
+    budget = int(need * 1.3) + (1 << 30)
+    free = torch.cuda.mem_get_info()[0] if brd.DEVICE == "cuda" else 8 << 30
+    if budget > free - (6 << 30):
+        raise MemoryError(f"needs {budget / 2**30:.1f} GiB of KV, {free / 2**30:.1f} GiB free")
+    plan = build_layout(spec, kv_budget_gib=budget / 2**30, page_size=PS, kind="end_end")
+    pool = plan.make_pool(CudaBackend(brd.DEVICE), "lazy", ids="numpy")
+    return pool, KVViews(pool, placed.kv)
+
+
+def timed(fn, reps: int) -> float:
+    """Median seconds of `fn()` over `reps` runs after one warm-up (CUDA
+    events; perf_counter on the CPU, --smoke)."""
+    import torch
+
+    fn()
+    times = []
+    for _ in range(reps):
+        if brd.DEVICE != "cuda":
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+            continue
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop) / 1e3)
+    return statistics.median(times)
+
+
+def decode_point(lm, spec, placed, batch: int, context: int, reps: int, host: list) -> float:
+    """One decode step of `batch` requests at `context` through the bucket's
+    CUDA graph; the host work of each step goes to `host`."""
+    import torch
+    from unikv.sim.real.graphs import DecodeGraphs
+
+    pool, views = pool_for(spec, placed, context + reps + 4, batch)
+    case = Case(pool, views, spec, batch, context, brd.DEVICE)
+    graphs = DecodeGraphs(lm, views, views.bands, device=brd.DEVICE, max_pages=-(-(context + 64) // PS) + 1)
+    steps = []
+    with torch.inference_mode():
+        graphs.run(case.host_step())  # captures the bucket
+        for _ in range(reps):
+            h0 = time.perf_counter()
+            batch_in = case.host_step()
+            host.append(time.perf_counter() - h0)
+            steps.append(_replay(graphs, batch_in))
+    if brd.DEVICE == "cuda" and not graphs.stats()["captured"]:
+        raise RuntimeError(f"decode batch {batch}: the graph was not captured ({graphs.stats()['failures']})")
+    return statistics.median(steps)
+
+
+def _replay(graphs, batch_in) -> float:
+    """Seconds of one graph replay (CUDA events; perf_counter on the CPU)."""
+    import torch
+
+    if brd.DEVICE != "cuda":
+        t0 = time.perf_counter()
+        graphs.run(batch_in)
+        return time.perf_counter() - t0
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graphs.run(batch_in)
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) / 1e3
+
+
+def packed_point(lm, spec, placed, chunk: int, cached: int, decoders: int, context: int, reps: int) -> float:
+    """One packed forward: a chunk of `chunk` tokens over `cached` cached
+    tokens, plus `decoders` requests at `context` decoding one token."""
+    import numpy as np
+    import torch
+    from unikv.sim.real.attention import StepContext, use_step
+
+    pool, views = pool_for(spec, placed, max(chunk + cached, context) + 4, decoders + 1, windowed=False)
+    dec = Case(pool, views, spec, decoders, context, brd.DEVICE) if decoders else None
+    pre = Case(pool, views, spec, 1, cached, brd.DEVICE) if cached else None
+    got = np.asarray(pool.alloc(-(-chunk // PS) * PS))[:chunk]  # the chunk: no ratchet inside it
+    pages = (pre.pages[0] if pre else []) + sorted(set((got // PS).tolist()))
+    rows = (dec.pages if dec else []) + [pages]
+    bands = views.bands
+    if dec:
+        dec.seq += 1
+        new = np.asarray(pool.alloc_decode(dec.seq, dec.last))
+    else:
+        new = np.zeros(0, dtype=np.int64)
+    ids = np.concatenate([new, got])
+    dev = brd.DEVICE
+    seq = [int(s) for s in (dec.seq if dec else [])] + [cached + chunk]
+    pos = [s - 1 for s in seq[:-1]] + list(range(cached, cached + chunk))
+    cu = list(range(len(seq))) + [len(seq) - 1 + chunk]
+    ctx = StepContext(views=views, block_tables={b: views.block_table(rows, b) for b in bands},
+                      cu_q=torch.tensor(cu, dtype=torch.int32, device=dev),
+                      seq_lens=torch.tensor(seq, dtype=torch.int32, device=dev),
+                      write_slots={b: torch.as_tensor(pool.translate(ids, b), device=dev).long() for b in bands},
+                      layout="packed")
+    input_ids = torch.randint(0, 256, (1, len(pos)), device=dev)
+    position_ids = torch.tensor([pos], device=dev)
+    keep = torch.tensor(list(range(len(seq) - 1)) + [len(pos) - 1], device=dev)
+
+    def forward():
+        with torch.inference_mode(), use_step(ctx):
+            lm(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=keep)
+
+    return timed(forward, reps)
+
+
+def measure(lm, spec, placed, grids, reps: int, mixed_context: int, host: list) -> dict:
+    out = {}
+    for grid, (rows, cols) in grids.items():
+        table = []
+        for r in rows:
+            line = []
+            for c in cols:
+                if grid == "decode":
+                    t = decode_point(lm, spec, placed, r, c, reps, host)
+                elif grid == "prefill":
+                    t = packed_point(lm, spec, placed, r, c, 0, 0, reps)
+                else:
+                    t = packed_point(lm, spec, placed, r, 0, c, mixed_context, reps)
+                line.append(t)
+                print(f"{grid} {r} x {c}: {1e3 * t:.2f} ms", flush=True)
+                gc.collect()
+                if brd.DEVICE == "cuda":
+                    import torch
+
+                    torch.cuda.empty_cache()
+            table.append(line)
+        axes = {"decode": ("batch", "context_tokens"), "prefill": ("chunk_tokens", "cached_tokens"),
+                "mixed": ("chunk_tokens", "batch")}[grid]
+        out[grid] = {axes[0]: rows, axes[1]: cols, "forward_s": table}
+    out["mixed"]["context_tokens"] = mixed_context
+    return out
+
+
+def provenance(command: str, revision: str) -> dict:
+    import torch
+    import transformers
+    import triton
+
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True).stdout.strip() or "unknown"
+    except OSError:
+        driver = "none (no nvidia-smi)"
+    return {"gpu_name": torch.cuda.get_device_name() if brd.DEVICE == "cuda" else "cpu (--smoke)", "driver": driver, "torch": torch.__version__,
+            "triton": triton.__version__, "transformers": transformers.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": command, "git_revision": revision,
+            "weights": "random (seed 0): a forward's time does not depend on the weights' values",
+            "method": "real executor forwards: decode through CUDA graphs per bucket, prefill / mixed packed eager; "
+                      "median of reps after a warm-up, CUDA events"}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help=f"a bundled model with a config here: {sorted(CONFIGS)}")
+    ap.add_argument("--gpu", required=True, help="the bundled GPU name the profile is for (h200)")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--heldout", required=True, type=Path)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--mixed-context", type=int, default=2048)
+    ap.add_argument("--revision", default="unknown", help="the git revision measured (the GPU machine has no git)")
+    ap.add_argument("--smoke", type=Path, default=None, metavar="CONFIG",
+                    help="check the script on the CPU: fp32, this (small) config, tiny grids")
+    args = ap.parse_args(argv)
+    import torch
+    from unikv.sim.models import load_model
+    from unikv.sim.real import attention, layers
+    from unikv.sim.real.model import build_model, torch_dtype
+
+    dtype = "bf16"
+    if args.smoke is not None:
+        brd.DEVICE, dtype = "cpu", "fp32"
+        CONFIGS[args.model] = args.smoke.resolve()
+        FIT.update(decode=([1, 2], [16, 40]), prefill=([8, 16], [0, 24]), mixed=([8, 16], [1, 2]))
+        HELDOUT.update(decode=([1, 2], [24, 32]), prefill=([12, 16], [8, 16]), mixed=([12, 16], [1, 2]))
+        spec = load_model(str(args.smoke), kv_cache_dtype=dtype)
+    elif not torch.cuda.is_available():
+        print("error: profile_model needs a CUDA device", file=sys.stderr)
+        return 2
+    elif args.model not in CONFIGS:
+        print(f"error: --model {args.model!r}: no config here; expected one of {sorted(CONFIGS)}", file=sys.stderr)
+        return 2
+    else:
+        spec = load_model(args.model)
+    lm = build_model(CONFIGS[args.model], dtype=dtype, device=brd.DEVICE, seed=0)
+    lm.set_attn_implementation(attention.register(mask=False))
+    placed = layers.model_layers(lm.config, torch_dtype(dtype))
+    command = "python benchmarks/profile_model.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    for path, grids in ((args.out, FIT), (args.heldout, HELDOUT)):
+        host: list = []
+        data = measure(lm, spec, placed, grids, args.reps, args.mixed_context, host)
+        profile = {"format": "unikv-step-profile", "version": 1, "model": args.model, "gpu": args.gpu,
+                   "provenance": provenance(command, args.revision), "non_forward_s": statistics.median(host),
+                   "moe_touch": [], **data}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(profile, indent=1) + "\n")
+        print(f"wrote {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
