@@ -50,17 +50,19 @@ HELDOUT = {"decode": ([4, 64], [1024, 4096]),
            "mixed": ([512, 2048], [4, 32])}
 
 
-def pool_for(spec, placed, tokens: int, requests: int, windowed: bool = True):
+def pool_for(spec, placed, tokens: int, requests: int, unwindowed_tokens: int = 0):
     """A unified pool (end_end) holding `requests` requests of `tokens`
-    (`windowed`: the window band holds only a window of each)."""
+    (the window band holding a window of each) and one of
+    `unwindowed_tokens` whole on every band (a prefill chunk)."""
     import torch
     from unikv.sim.layouts import build_layout
 
     from unikv.backends import CudaBackend
     from unikv.tensors import KVViews
 
-    window = min(tokens, spec.window_tokens or tokens) if windowed else tokens
+    window = min(tokens, spec.window_tokens or tokens)
     need = requests * ((tokens + 4 * PS) * spec.full_token_bytes + (window + 4 * PS) * spec.swa_token_bytes)
+    need += (unwindowed_tokens + 4 * PS) * (spec.full_token_bytes + spec.swa_token_bytes)
     budget = int(need * 1.3) + (1 << 30)
     free = torch.cuda.mem_get_info()[0] if brd.DEVICE == "cuda" else 8 << 30
     if budget > free - (6 << 30):
@@ -137,7 +139,7 @@ def packed_point(lm, spec, placed, chunk: int, cached: int, decoders: int, conte
     import torch
     from unikv.sim.real.attention import StepContext, use_step
 
-    pool, views = pool_for(spec, placed, max(chunk + cached, context) + 4, decoders + 1, windowed=False)
+    pool, views = pool_for(spec, placed, max(cached, context) + 4, decoders + 1, unwindowed_tokens=chunk)
     dec = Case(pool, views, spec, decoders, context, brd.DEVICE) if decoders else None
     pre = Case(pool, views, spec, 1, cached, brd.DEVICE) if cached else None
     got = np.asarray(pool.alloc(-(-chunk // PS) * PS))[:chunk]  # the chunk: no ratchet inside it
