@@ -25,12 +25,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("study", type=Path, help="the study file (TOML)")
     run.add_argument("--address", default=None, help="Ray cluster address (default: a local Ray on this "
                      "machine's cores)")
-    run.add_argument("--out", type=Path, default=None, help="output folder (default: results/studies/<name>)")
+    run.add_argument("--out", type=Path, default=None, help="output folder (default: runs/studies/<name>)")
     run.add_argument("--max-runs", type=int, default=None, help="run at most N of the missing runs")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     rep = sub.add_parser("report", help="the study's answers as markdown and figures, from its dataset alone")
     rep.add_argument("study", type=Path, help="the study file (TOML)")
-    rep.add_argument("--out", type=Path, default=None, help="the study's folder (default: results/studies/<name>)")
+    rep.add_argument("--out", type=Path, default=None, help="the study's folder (default: runs/studies/<name>)")
     rep.add_argument("--run-id", default=None, help="the run whose capacity over time is drawn")
     return parser
 
@@ -65,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.max_runs is not None and args.max_runs < 1:
         raise ValueError(f"--max-runs={args.max_runs!r} must be a positive integer")
     study = load_study(args.study)
-    out = args.out or Path("results") / "studies" / study.study.name
+    out = args.out or Path("runs") / "studies" / study.study.name
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out={str(out)!r} is a file; expected a folder")
     progress = Progress(args.quiet)

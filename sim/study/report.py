@@ -29,7 +29,7 @@ STEPS = "steps"
 REPORT = "report.md"
 ANSWERS = "answers.parquet"
 FIGURES = "figures"
-DEFAULT_ROOT = Path("results/studies")
+DEFAULT_ROOT = Path("runs/studies")  # beside `unikv replay`'s runs/replay
 
 GROUP = ("trace", "trace_start_s", "trace_end_s", "max_requests", "max_context_tokens", "rate_rps",
          "spread_s", "model", "kv_cache_dtype", "gpu", "kv_budget_gib", "budget_rule", "seed", "oversize")
@@ -366,7 +366,7 @@ def answers_frame(answers: pd.DataFrame) -> pd.DataFrame:
 
 
 def study_dir_of(study_path: Path) -> Path:
-    """The folder `unikv study run` writes by default: results/studies/<study.name>.
+    """The folder `unikv study run` writes by default: runs/studies/<study.name>.
 
     Raises:
         ValueError: the file is no TOML or has no `[study] name`.
@@ -384,7 +384,7 @@ def study_dir_of(study_path: Path) -> Path:
 
 def main(study_path: Path, out_dir: Path | None = None, *, run_id: str | None = None) -> Path:
     """`unikv study report STUDY.toml [--out DIR]`: the report of the study
-    whose `study run` wrote `out_dir` (default: results/studies/<name>),
+    whose `study run` wrote `out_dir` (default: runs/studies/<name>),
     written into that folder (report.md, figures/).
 
     Raises:
