@@ -227,3 +227,24 @@ def _config_columns(cfg: RunConfig) -> dict:
             "kv_cache_dtype": cfg.kv_cache_dtype, "layout": cfg.layout, "static_ratio": cfg.static_ratio,
             "compaction": cfg.compaction, "page_size": cfg.page_size, "oversize": cfg.oversize,
             "seed": cfg.seed, **_sched_columns(cfg)}
+
+
+def at_rate(spec: RunSpec, rate_scale: float) -> RunSpec:
+    """`spec` replayed at another rate scale: the run `expand` makes for a
+    study that lists that scale (the same content address), so a search
+    point the grid already ran is found, not rerun."""
+    if spec.config is None:
+        raise ValueError(f"run {spec.run_id}: an inapplicable run has no rate to change")
+    cfg = spec.config.with_(rate_scale=float(rate_scale))
+    c = spec.columns
+    hashes = {"trace_sha256": c["trace_sha256"], "model_sha256": c["model_config_sha256"],
+              "gpu_sha256": c["gpu_spec_sha256"]}
+    inputs = {**run_inputs(cfg, **hashes), "objectives": spec.objectives}
+    columns = {**c, "rate_scale": cfg.rate_scale, "target_rate_rps": None}
+    return RunSpec(run_id=run_id_of(inputs), config=cfg, columns=columns, objectives=dict(spec.objectives))
+
+
+def rate_group(spec: RunSpec) -> str:
+    """What a rate search holds fixed: every input of `spec` but its rate
+    (the run id it would have at rate scale 1)."""
+    return at_rate(spec, 1.0).run_id

@@ -125,6 +125,7 @@ def run_study(study: Study, out_dir: Path, *, address: str | None = None, max_ru
         on_start(len(todo))
     executed = 0
     started = False
+    searched: set[str] = set()
     try:
         for spec in (s for s in todo if s.problem is not None):  # known before it starts: no task
             _write(rows_dir, execute(spec), on_row)
@@ -133,9 +134,12 @@ def run_study(study: Study, out_dir: Path, *, address: str | None = None, max_ru
         if tasks:
             started = _start_ray(address)
             executed += run_on_ray(tasks, rows_dir, on_row)
+        if study.search is not None:
+            executed += search_rates(study, specs, rows_dir, on_row, searched)
     finally:
-        rows = read_rows(rows_dir, [s.run_id for s in specs])
-        write_dataset(out_dir / DATASET, rows)
+        grid_ids = {s.run_id for s in specs}
+        rows = read_rows(rows_dir, grid_ids)
+        write_dataset(out_dir / DATASET, rows + read_rows(rows_dir, searched - grid_ids))
         if started:
             import ray
             ray.shutdown()
@@ -143,3 +147,54 @@ def run_study(study: Study, out_dir: Path, *, address: str | None = None, max_ru
     return StudyOutcome(total=len(specs), skipped=len(done & {s.run_id for s in specs}), executed=executed,
                         failed=statuses.count(FAILED), inapplicable=statuses.count(INAPPLICABLE),
                         remaining=len(specs) - len(rows), dataset=out_dir / DATASET)
+
+
+class _RatePoints:
+    """A rate search's evaluator over one cell: a point's row from its row
+    file when one exists (the grid's or an earlier search's), else the run,
+    executed here and written."""
+
+    def __init__(self, cell: RunSpec, rows_dir: Path, on_row, used: set[str]) -> None:
+        self.cell, self.rows_dir, self.on_row, self.used = cell, rows_dir, on_row, used
+        self.executed = 0
+
+    def __call__(self, rate_scale: float) -> dict:
+        from unikv.sim.study.answers import MET
+        from unikv.sim.study.grid import at_rate
+
+        point = at_rate(self.cell, rate_scale)
+        self.used.add(point.run_id)
+        known = read_rows(self.rows_dir, [point.run_id])
+        if known:
+            row = known[0]
+        else:
+            row = execute(point)
+            _write(self.rows_dir, row, self.on_row)
+            self.executed += 1
+        return {**row, MET: bool(row.get(MET))}  # a failed run meets nothing
+
+
+def search_rates(study: Study, specs: list[RunSpec], rows_dir: Path, on_row, used: set[str]) -> int:
+    """Bisect each cell's rate scale for the highest one meeting the
+    objectives (`study.search`, `answers.max_rate`), from the rows the grid
+    left; every point run is a row like the grid's (content-addressed, so
+    a rerun reuses it). Runs in this process, cell after cell. Adds the run
+    ids the searches read to `used`; returns the runs executed."""
+    import pandas as pd
+    from unikv.sim.study import answers
+    from unikv.sim.study.grid import rate_group
+
+    cells: dict[str, list[RunSpec]] = {}
+    for spec in specs:
+        if spec.config is not None and spec.problem is None:
+            cells.setdefault(rate_group(spec), []).append(spec)
+    search = study.search
+    executed = 0
+    for members in cells.values():
+        finished = [r for r in read_rows(rows_dir, [m.run_id for m in members]) if r.get("status") == "ok"]
+        used.update(r["run_id"] for r in finished)
+        points = _RatePoints(members[0], rows_dir, on_row, used)
+        answers.max_rate(points, pd.DataFrame(finished) if finished else None, lo=search.rate_scale_lo,
+                         hi=search.rate_scale_hi, rel_tol=search.rel_tol)
+        executed += points.executed
+    return executed

@@ -120,6 +120,23 @@ class SchedulerSpec(_Strict):
         return SchedulerConfig(**self.model_dump(exclude_none=True))
 
 
+class SearchSpec(_Strict):
+    """`[search]`: bisect each cell's rate scale for the highest one whose
+    objectives hold (`unikv.sim.study.answers.max_rate`), starting from the
+    rates the grid ran."""
+
+    rate_scale_lo: Positive
+    rate_scale_hi: Positive
+    rel_tol: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] = 0.1
+
+    @model_validator(mode="after")
+    def _range(self) -> SearchSpec:
+        if not self.rate_scale_lo < self.rate_scale_hi:
+            raise ValueError(f"rate_scale_lo={self.rate_scale_lo!r} must be below "
+                             f"rate_scale_hi={self.rate_scale_hi!r}")
+        return self
+
+
 class StudyHeader(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="names the output folder")
     seeds: list[Annotated[int, Field(ge=0, strict=True)]] = Field(default_factory=lambda: [0], min_length=1)
@@ -136,6 +153,13 @@ class Study(_Strict):
     layouts: LayoutsSpec
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     objectives: dict[str, Positive] = Field(default_factory=dict)
+    search: SearchSpec | None = None
+
+    @model_validator(mode="after")
+    def _search_needs_objectives(self) -> Study:
+        if self.search is not None and not self.objectives:
+            raise ValueError("search: a rate search needs [objectives] (what the highest rate must meet)")
+        return self
 
     @field_validator("objectives")
     @classmethod
