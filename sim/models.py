@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from unikv.sim.hf_config import read_config, with_defaults
+from unikv.sim.model_compute import compute_fields
 from unikv.sim.model_configs import parse_config
 from unikv.sim.model_spec import (
     KV_CACHE_DTYPES,
@@ -168,6 +169,9 @@ def _from_config_file(path: Path, state_dtype: str, kv_cache_dtype: str) -> Mode
         counted, why = _counted_sizes(filled)
         sizes.update(counted)
         sources["params"] = why
+        active, total = counted.get("params_active"), counted.get("params_total")
+        derived, sources["compute"] = compute_fields(filled, spec, routed=bool(active and total and active < total))
+        sizes.update(derived)
     if spec.max_context_tokens is not None:
         sizes.pop("max_context_tokens", None)  # the config's own value wins
     # the model's own type (e.g. qwen3_5_moe), not its text config's (qwen3_5_moe_text)

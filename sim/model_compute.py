@@ -1,0 +1,75 @@
+"""The roofline's extra figures of a model read from its own config.json:
+attention FLOPs per (query, attended position) pair and its routed experts.
+
+Bundled models take these from `sim/data/compute.json` (`sim.models`); a
+user's config gets them here, from the fields transformers' modeling code
+reads (`num_attention_heads`, `num_key_value_heads`, `head_dim`, the expert
+counts), checked against the KV bytes unikv derived for each layer kind.
+A config whose layers do not fit the plain rule (K and V of `head_dim`
+each, one KV-head count for every layer: MLA, per-kind head counts or
+dims, asymmetric K / V) gets no attention term, and the reason is
+recorded: the roofline then charges no attention FLOPs for it, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from unikv.sim.model_spec import KV_CACHE_DTYPES, ModelSpec
+
+EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts")
+PER_TOKEN = ("num_experts_per_tok", "experts_per_token", "top_k_experts")  # the last: Gemma-4 (params._gemma4)
+
+
+def _first(config: Mapping[str, Any], names: tuple[str, ...]):
+    return next((config[n] for n in names if isinstance(config.get(n), int) and config[n] > 0), None)
+
+
+def attention_pairs(config: Mapping[str, Any], spec: ModelSpec) -> tuple[tuple[int, int] | None, str]:
+    """((full, window) FLOPs per attended pair summed over the layers, or
+    None, why): 2 x layers x query heads x (Dk + Dv) per kind, window kinds
+    (sliding, chunked) summed apart."""
+    heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads") or config.get(
+        "num_attention_heads")
+    hidden = config.get("hidden_size")
+    if not all(isinstance(x, int) and x > 0 for x in (heads, kv)):
+        return None, "no attention term: num_attention_heads / num_key_value_heads missing"
+    head_dim = config.get("head_dim") or (hidden // heads if isinstance(hidden, int) else None)
+    if not isinstance(head_dim, int) or "kv_lora_rank" in config:
+        return None, "no attention term: MLA or no head_dim (the plain rule does not describe it)"
+    full = window = 0
+    for kind in spec.token_kinds:
+        elt = KV_CACHE_DTYPES.get(kind.dtype)
+        if elt is None or kind.bytes_per_token_per_layer != kv * 2 * head_dim * elt:
+            return None, (f"no attention term: layer kind {kind.name!r} holds {kind.bytes_per_token_per_layer} "
+                          f"bytes per token per layer, not {kv} KV heads x 2 x head_dim {head_dim} "
+                          "(per-kind heads or dims, or asymmetric K / V)")
+        pairs = 2 * kind.layers * heads * 2 * head_dim
+        if kind.window_tokens is None:
+            full += pairs
+        else:
+            window += pairs
+    return (full, window), f"attention FLOPs from the config: 2 x layers x {heads} heads x 2 x head_dim {head_dim}"
+
+
+def compute_fields(config: Mapping[str, Any], spec: ModelSpec, *, routed: bool) -> tuple[dict[str, Any], str]:
+    """(ModelSpec fields for the roofline, the source note) of a parsed config.
+
+    Args:
+        routed: the model has routed-expert layers (its counted active
+            parameters are fewer than its total): a config class's default
+            expert fields on a dense model (Nemotron-H-56B's) are ignored.
+    """
+    out: dict[str, Any] = {}
+    pairs, why = attention_pairs(config, spec)
+    if pairs is not None:
+        out["attention_pair_flops"] = pairs
+    experts, per_token = _first(config, EXPERTS), _first(config, PER_TOKEN)
+    if routed and experts is not None and experts > 1:
+        if per_token is None:
+            why += f"; {experts} routed experts but no experts-per-token field: every expert charged"
+        else:
+            out.update(routed_experts=experts, experts_per_token=per_token)
+            why += f"; MoE: {per_token} of {experts} routed experts per token"
+    return out, why
