@@ -35,10 +35,7 @@ through Triton's interpreter to check the script (times meaningless).
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -225,21 +222,6 @@ def _row(base: dict, impl: str, splits, times, nbytes: int, flops: int, err: flo
             "ok": "" if err is None else err < 3e-2}
 
 
-def stamp_row(cuda: bool) -> dict:
-    import torch
-    import triton
-
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             check=False).stdout.strip() or "unknown"
-    except OSError:
-        rev = "unknown"
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": torch.cuda.get_device_name() if cuda else "cpu (Triton interpreter)",
-            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-            "git_rev": rev}
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/kernels/attention.csv")
@@ -259,7 +241,10 @@ def main(argv=None) -> int:
             print("bench_attention: Triton was imported before TRITON_INTERPRET=1 could be set", file=sys.stderr)
             return 2
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernel module imports Triton
-    from bench_kernels import write_rows  # the kernel benchmarks' CSV appender (this folder)
+    from bench_kernels import (  # the kernel benchmarks' stamp and CSV appender (this folder)
+        stamp_row,
+        write_rows,
+    )
 
     dev = torch.device("cuda" if cuda else "cpu")
     gen = torch.Generator().manual_seed(0)
