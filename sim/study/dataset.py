@@ -86,6 +86,12 @@ def write_row(rows_dir: Path, row: dict) -> Path:
     return final
 
 
+def read_row(rows_dir: Path, run_id: str) -> dict | None:
+    """The row file of `run_id` in `rows_dir`, or None when the run has none."""
+    path = rows_dir / f"{run_id}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
 def read_rows(rows_dir: Path, run_ids: Iterable[str] | None = None) -> list[dict]:
     """The row files of `rows_dir` (only `run_ids` when given), sorted by run id."""
     wanted = None if run_ids is None else set(run_ids)

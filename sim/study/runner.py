@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from unikv.sim.study.dataset import read_rows, write_dataset, write_row
+from unikv.sim.study.dataset import read_row, read_rows, write_dataset, write_row
 from unikv.sim.study.execute import FAILED, INAPPLICABLE, execute, make_row
 from unikv.sim.study.grid import RunSpec, expand
 from unikv.sim.study.spec import Study
@@ -164,10 +164,8 @@ class _RatePoints:
 
         point = at_rate(self.cell, rate_scale)
         self.used.add(point.run_id)
-        known = read_rows(self.rows_dir, [point.run_id])
-        if known:
-            row = known[0]
-        else:
+        row = read_row(self.rows_dir, point.run_id)
+        if row is None:
             row = execute(point)
             _write(self.rows_dir, row, self.on_row)
             self.executed += 1
@@ -190,8 +188,9 @@ def search_rates(study: Study, specs: list[RunSpec], rows_dir: Path, on_row, use
             cells.setdefault(rate_group(spec), []).append(spec)
     search = study.search
     executed = 0
+    done = {r["run_id"]: r for r in read_rows(rows_dir, [s.run_id for s in specs])}  # the grid's rows, read once
     for members in cells.values():
-        finished = [r for r in read_rows(rows_dir, [m.run_id for m in members]) if r.get("status") == "ok"]
+        finished = [done[m.run_id] for m in members if m.run_id in done and done[m.run_id].get("status") == "ok"]
         used.update(r["run_id"] for r in finished)
         points = _RatePoints(members[0], rows_dir, on_row, used)
         answers.max_rate(points, pd.DataFrame(finished) if finished else None, lo=search.rate_scale_lo,
