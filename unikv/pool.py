@@ -317,13 +317,7 @@ class UnifiedPool:
         unchanged) for ids out of range or pages not allocated (double free).
         """
         self._require_tokens()
-        pages = paged.live_pages(ids, "free", self.page_size, self.vids.binds)
-        moves = 0
-        for name in self.token_names:
-            band = self.bands[name]
-            moves += self._unbind(band, pages[band.v2p[pages] >= 0])
-        self.vids.drop_all(pages)
-        return moves
+        return self._free_live(paged.live_pages(ids, "free", self.page_size, self.vids.binds))
 
     def release(self, ids, band: str, start_pos: int | None = None) -> int:
         """Tombstone token ids on one band only (window ratchet, SWA eviction).
@@ -339,9 +333,7 @@ class UnifiedPool:
                 of range or on pages not allocated, ids that are not the
                 contiguous run `start_pos` claims (`paged.check_run`).
         """
-        target = self._token_bands.get(band) if isinstance(band, str) else None
-        if target is None:
-            target = self._token_band(band)  # names the mistake
+        target = self._release_target(band)
         t = as_ids(ids, "release: ids")
         if start_pos is not None:
             start_pos = check_count(start_pos, "release: start_pos")
@@ -358,12 +350,16 @@ class UnifiedPool:
         page moves. ValueError (state unchanged) for a page out of range,
         the sink, a repeat, or a page not allocated."""
         self._require_tokens()
-        v = self._live_page_array(pages, "free_pages", allow_sink=False)
+        return self._free_live(self._live_page_array(pages, "free_pages", allow_sink=False))
+
+    def _free_live(self, pages: np.ndarray) -> int:
+        """Unbind allocated virtual `pages` on every token band still binding
+        them and return their ids to the free list; page moves."""
         moves = 0
         for name in self.token_names:
             band = self.bands[name]
-            moves += self._unbind(band, v[band.v2p[v] >= 0])
-        self.vids.drop_all(v)
+            moves += self._unbind(band, pages[band.v2p[pages] >= 0])
+        self.vids.drop_all(pages)
         return moves
 
     def release_pages(self, pages: Sequence[int], band: str) -> int:
@@ -372,13 +368,17 @@ class UnifiedPool:
         `release` skips them. Returns page moves. ValueError (state
         unchanged) for an unknown or state band, a page out of range, a
         repeat, or a page not allocated."""
-        target = self._token_bands.get(band) if isinstance(band, str) else None
-        if target is None:
-            target = self._token_band(band)  # names the mistake
+        target = self._release_target(band)
         v = self._live_page_array(pages, "release_pages", allow_sink=True, bound_v2p=target.v2p)
         moves = self._unbind(target, v)
         self.vids.drop(v)
         return moves
+
+    def _release_target(self, band):
+        """The token band `band` names (the fast dict lookup; else
+        `_token_band`, which names the mistake)."""
+        target = self._token_bands.get(band) if isinstance(band, str) else None
+        return target if target is not None else self._token_band(band)
 
     def _live_page_array(self, pages: Sequence[int], op: str, allow_sink: bool,
                          bound_v2p: np.ndarray | None = None) -> np.ndarray:
