@@ -263,7 +263,7 @@ def fill_unmeasured(rows: Sequence[float], cols: Sequence[float],
         slope = (math.log(t1) - math.log(t0)) / (math.log1p(x1) - math.log1p(x0))
         return math.exp(math.log(t1) + slope * (math.log1p(x) - math.log1p(x1)))
 
-    for i, r in enumerate(out):
+    for r in out:
         known = [(cols[j], v) for j, v in enumerate(r) if v is not None]
         if len(known) >= 2:
             for j, v in enumerate(r):
