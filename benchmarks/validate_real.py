@@ -134,6 +134,7 @@ def run_compare(out: Path, selected) -> int:
     frame = pd.DataFrame(rows)
     frame.to_csv(out / "validation.csv", index=False)
     (out / "validation.md").write_text(table(frame))
+    figure(frame, out / "validation.png")
     (out / "timeline.md").write_text(
         "| cell | steps planned alike | memory columns compared | identical over those steps |\n"
         "| --- | ---: | ---: | --- |\n" + "\n".join(lines) + "\n")
@@ -152,6 +153,37 @@ def timeline_line(name: str, real, cost) -> str:
               or c in ("live_bytes", "hole_bytes", "pending_bytes", "moves", "moved_bytes")]
     equal = (real[memory].iloc[:alike].to_numpy() == cost[memory].iloc[:alike].to_numpy()).all()
     return f"| {name} | {alike} of {len(real)} (real) / {len(cost)} (cost) | {len(memory)} | {'yes' if equal else 'NO'} |"
+
+
+def figure(frame, path: Path) -> None:
+    """Cost model against real, one panel per metric, one point per cell
+    (marker: layout, colour: model), with the y = x line and a 10 % band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 4))
+    colours = {m: f"C{i}" for i, m in enumerate(sorted(frame["model"].unique()))}
+    markers = {lay: mk for lay, mk in zip(LAYOUTS, "os^")}
+    for ax, k in zip(axes, METRICS):
+        for r in frame.to_dict("records"):
+            ax.scatter(r[f"{k}_real"], r[f"{k}_cost"], c=colours[r["model"]], marker=markers[r["layout"]],
+                       label=f"{r['model']} {r['layout']}")
+        lo = min(frame[f"{k}_real"].min(), frame[f"{k}_cost"].min())
+        hi = max(frame[f"{k}_real"].max(), frame[f"{k}_cost"].max())
+        xs = [lo, hi]
+        ax.plot(xs, xs, "k-", lw=0.8)
+        ax.fill_between(xs, [0.9 * x for x in xs], [1.1 * x for x in xs], color="0.85")
+        ax.set(title=k, xlabel="real executor (H200)", ylabel="cost model (profile)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    keep = dict(zip(labels, handles))
+    fig.legend(keep.values(), keep.keys(), loc="lower center", ncol=4, fontsize=8)
+    fig.suptitle("Cost model (measured H200 profile) against the real executor on the H200, "
+                 "3 trace slices x 2 models x 2 layouts")
+    fig.tight_layout(rect=(0, 0.1, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def table(frame) -> str:

@@ -68,6 +68,30 @@ class RealExecutor:
         self._pending: tuple[StepBatch, Any] | None = None
         self._t0 = 0.0
 
+    def warm_up(self, max_batch: int) -> None:
+        """What an engine does before it serves: one eager forward of a
+        page of tokens that reads and writes only the sink (so the kernels
+        compile and the libraries initialise off the clock), then every
+        decode graph a batch of up to `max_batch` requests can use."""
+        import torch
+        from unikv.sim.real.attention import StepContext, use_step
+
+        n, dev = self.mem.ps, self.device
+        ctx = StepContext(views=self.views,
+                          block_tables={b: torch.zeros((1, 1), dtype=torch.int32, device=dev) for b in self.bands},
+                          cu_q=torch.tensor([0, n], dtype=torch.int32, device=dev),
+                          seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
+                          write_slots={b: torch.zeros(n, dtype=torch.int64, device=dev) for b in self.bands},
+                          layout="packed")
+        with torch.inference_mode(), use_step(ctx):
+            self.model(input_ids=torch.zeros((1, n), dtype=torch.int64, device=dev),
+                       position_ids=torch.arange(n, device=dev).view(1, n), use_cache=False,
+                       logits_to_keep=torch.tensor([n - 1], device=dev))
+        if self.graphs is not None:
+            self.graphs.capture_buckets(max_batch)
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
     def launch(self, plan: StepPlan) -> Any:
         """Run `plan`'s forward; returns its done event."""
         import torch
@@ -197,7 +221,10 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
         from unikv.sim.real.graphs import DecodeGraphs
 
         graphs = DecodeGraphs(lm, views, bands, device=config.device, max_pages=_max_pages(lm.config, memory))
-    return RealExecutor(memory, lm, views, tokens, bands=bands, device=config.device, cost=cost, graphs=graphs)
+    executor = RealExecutor(memory, lm, views, tokens, bands=bands, device=config.device, cost=cost, graphs=graphs)
+    if executor.cuda and config.real_clock == "measured":  # start-up work an engine does before its clock runs
+        executor.warm_up(config.scheduler.max_running)
+    return executor
 
 
 def _max_pages(hf_config, memory) -> int:

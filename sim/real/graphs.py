@@ -70,6 +70,15 @@ class DecodeGraphs:
         """The smallest bucket holding `batch_size` requests (None: none does)."""
         return next((n for n in self.buckets if n >= batch_size), None)
 
+    def capture_buckets(self, max_batch: int) -> None:
+        """Build (and on CUDA capture) every bucket a step of up to
+        `max_batch` requests can use, as a serving engine does at start-up,
+        so that no capture lands inside a step's measured time."""
+        top = self.bucket(max_batch) or self.buckets[-1]
+        for n in self.buckets:
+            if n <= top and n not in self._buckets:
+                self._build(n)
+
     def run(self, batch) -> Any:
         """Greedy next tokens `[B]` of a padded (decode-only) `StepBatch`, or
         None when no bucket fits it (the caller runs it eagerly)."""

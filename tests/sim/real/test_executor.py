@@ -76,7 +76,7 @@ def replay(tmp_path, monkeypatch, name: str, compaction: str, budget_gib: float,
            graphs: bool = False, clock: str = "cost", layout: str = "end_end"):
     """Run the trace; returns (result, executor, generated counts at each retraction)."""
     path = tmp_path / name / "config.json"
-    path.parent.mkdir()
+    path.parent.mkdir(parents=True)
     path.write_text(json.dumps(trimmed(name)))
     built, retracted_at = {}, []
     build = real_executor.build_real_executor
@@ -228,3 +228,28 @@ def test_a_layout_that_folds_the_window_layers_into_the_full_band(tmp_path, monk
         for rid, prompt, out in zip(res.requests["rid"], res.requests["prompt_tokens"], res.requests["output_tokens"]):
             req = Request(int(rid), 0.0, int(prompt), int(out), tuple(hashes[int(rid)]))
             assert ex.generated[int(rid)] == reference(model, ex.tokens.prompt(req), int(out)), f"request {rid}"
+
+
+def test_the_warm_up_touches_only_the_sink_and_builds_every_bucket_first(tmp_path, monkeypatch, one_thread):
+    """`RealExecutor.warm_up` (what a CUDA run does before its clock starts):
+    one forward into the sink and every decode bucket up to the running
+    cap, built before the first step. A replay after it generates the same
+    tokens and writes the same tables as one without it."""
+    plain, plain_ex, _ = replay(tmp_path / "plain", monkeypatch, "gpt_oss", "lazy", 0.00003, graphs=True)
+    build = real_executor.build_real_executor
+    seen = {}
+
+    def warmed(config, memory, *a, **k):
+        ex = build(config, memory, *a, **k)
+        before = memory.pool.buffer.copy()
+        ex.warm_up(config.scheduler.max_running)
+        sink = memory.pool.layout.sink_bytes
+        assert (memory.pool.buffer[sink:] == before[sink:]).all()  # nothing past the sink written
+        seen["buckets"] = ex.graphs.stats()["buckets"]
+        return ex
+
+    monkeypatch.setattr(real_executor, "build_real_executor", warmed)
+    got, ex, _ = replay(tmp_path / "warm", monkeypatch, "gpt_oss", "lazy", 0.00003, graphs=True)
+    assert seen["buckets"] == [1, 2, 4, 8, 16]  # the cap is 16 running requests
+    assert ex.generated == plain_ex.generated
+    pd.testing.assert_frame_equal(got.steps.drop(columns=["step_time_s"]), plain.steps.drop(columns=["step_time_s"]))
