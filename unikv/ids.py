@@ -57,7 +57,9 @@ class IdSpace:
         """The next `n` free ids, bound on all holders."""
         if n > self._top:
             raise RuntimeError(f"internal: {n} ids taken with {self._top} free")
-        ids = self._stack[self._top - n: self._top][::-1].copy()
+        top = self._top
+        # next-to-take last: reversed, but one id needs no reversing
+        ids = self._stack[top - 1: top].copy() if n == 1 else self._stack[top - n: top][::-1].copy()
         self._top -= n
         self.binds[ids] = self.holders
         return ids
@@ -67,14 +69,14 @@ class IdSpace:
         self._stack[self._top: self._top + k] = ids
         self._top += k
 
-    def drop(self, ids: np.ndarray) -> None:
-        """One holder lets go of each of `ids` (unique); ids nobody holds
-        come back."""
+    def drop(self, ids: np.ndarray | list[int]) -> None:
+        """One holder lets go of each of `ids` (unique; an int64 array, or a
+        list of at most `SMALL` ints); ids nobody holds come back."""
         if len(ids) == 0:
             return
         if len(ids) <= SMALL:  # a few ids: Python steps beat numpy calls
             binds, stack = self.binds, self._stack
-            for v in ids.tolist():
+            for v in ids if type(ids) is list else ids.tolist():
                 left = binds[v] - 1
                 binds[v] = left
                 if left == 0:

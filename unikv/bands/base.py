@@ -163,12 +163,13 @@ class BandAllocator:
             self.tables.touch(self._p_at, p_pages)
         self.counters.allocated_pages += len(v_pages)
 
-    def unbind(self, v_pages: np.ndarray) -> np.ndarray:
-        """Tombstone `v_pages` (all bound here); return their physical pages."""
+    def unbind(self, v_pages: np.ndarray | list[int]) -> np.ndarray:
+        """Tombstone `v_pages` (all bound here; an int64 array, or a list of
+        at most `SMALL` ints); return their physical pages."""
         v2p, p2v = self.v2p, self.p2v
         if len(v_pages) <= SMALL:  # a few pages: Python steps beat numpy calls
             found = []
-            for v in v_pages.tolist():
+            for v in v_pages if type(v_pages) is list else v_pages.tolist():
                 p = int(v2p[v])
                 v2p[v] = p2v[p] = -1
                 found.append(p)
@@ -178,7 +179,7 @@ class BandAllocator:
             v2p[v_pages] = -1
             p2v[p_pages] = -1
         if self._mirrored:
-            self.tables.touch(self._v_at, v_pages)
+            self.tables.touch(self._v_at, np.asarray(v_pages, dtype=np.int64))
             self.tables.touch(self._p_at, p_pages)
         self.counters.freed_pages += len(v_pages)
         return p_pages

@@ -153,7 +153,9 @@ class EndBand(BandAllocator):
             # They were absorbed already, and no vacated page joined them.
             self._keep(left, self.holes[len(dsts):])
         else:
-            self._keep(None, self._absorb(np.sort(np.array(left + srcs, dtype=np.int64))))
+            ordered = np.array(left + srcs, dtype=np.int64)
+            ordered.sort()  # the method: no Python wrapper, unlike np.sort
+            self._keep(None, self._absorb(ordered))
         return len(srcs)
 
     def _drain_pending(self, urgent: bool) -> None:
@@ -192,7 +194,8 @@ class EndBand(BandAllocator):
                 ascending = ascending[len(ascending) - n:] if self.up else ascending[:n]
             self._absorbed = (holes, owner, ascending)
             return n > 0
-        ordered = np.sort(holes)
+        ordered = holes.copy()
+        ordered.sort()  # np.sort, without its Python wrapper
         if len(ordered) and int(ordered[-1] if self.up else ordered[0]) != (
                 self.watermark - 1 if self.up else self.watermark):
             # no hole touches the frontier (the usual case): nothing to absorb
