@@ -182,6 +182,8 @@ def check_range(ids: np.ndarray, low: int, high: int, what: str) -> None:
 
 def check_count(n, what: str, multiple: int = 1) -> int:
     """A non-negative int that is a multiple of `multiple`."""
+    if type(n) is int and n >= 0 and not n % multiple:
+        return n  # the hot path: a plain valid int (bool is a subclass, never this type)
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) and not _int_scalar_tensor(n):
         raise ValueError(f"{what}={n!r} must be an integer")
     n = int(n)
