@@ -143,7 +143,8 @@ class Memory:
         may be None)."""
         states = {}
         if self.state_band is not None:
-            states[self.state_band] = [r.state for r in running]
+            # an int64 array: the pool's id check takes it as it is
+            states[self.state_band] = int64_ids([r.state for r in running])
         if write_pages is not None:
             self.pool.set_inflight_pages(event, write_pages, states)
         else:

@@ -133,6 +133,16 @@ class Hazards:
             return _NONE
         return self.writes_of(name)
 
+    def writes_page(self, name: str, page: int) -> bool:
+        """Whether the forward (just seen running) writes virtual page `page`
+        of band `name`: `page in writes_of(name)` for one page, without
+        building the set of a coupled write given as ints (a scan of its
+        list is cheaper than the set for a single question)."""
+        shared = self._shared
+        if shared is not None and name in shared[0]:
+            return page in (shared[1] if shared[2] is None else shared[2])
+        return page in self.writes_of(name)
+
     def writes_of(self, name: str) -> AbstractSet[int]:
         """`written(name)` for a caller that has just seen the forward
         running (`pending_event()` is not None)."""

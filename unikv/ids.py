@@ -57,7 +57,9 @@ class IdSpace:
         """The next `n` free ids, bound on all holders."""
         if n > self._top:
             raise RuntimeError(f"internal: {n} ids taken with {self._top} free")
-        ids = self._stack[self._top - n: self._top][::-1].copy()
+        top = self._top
+        # next-to-take last: reversed, but one id needs no reversing
+        ids = self._stack[top - 1: top].copy() if n == 1 else self._stack[top - n: top][::-1].copy()
         self._top -= n
         self.binds[ids] = self.holders
         return ids
@@ -67,14 +69,14 @@ class IdSpace:
         self._stack[self._top: self._top + k] = ids
         self._top += k
 
-    def drop(self, ids: np.ndarray) -> None:
-        """One holder lets go of each of `ids` (unique); ids nobody holds
-        come back."""
+    def drop(self, ids: np.ndarray | list[int]) -> None:
+        """One holder lets go of each of `ids` (unique; an int64 array, or a
+        list of at most `SMALL` ints); ids nobody holds come back."""
         if len(ids) == 0:
             return
         if len(ids) <= SMALL:  # a few ids: Python steps beat numpy calls
             binds, stack = self.binds, self._stack
-            for v in ids.tolist():
+            for v in ids if type(ids) is list else ids.tolist():
                 left = binds[v] - 1
                 binds[v] = left
                 if left == 0:
@@ -180,6 +182,8 @@ def check_range(ids: np.ndarray, low: int, high: int, what: str) -> None:
 
 def check_count(n, what: str, multiple: int = 1) -> int:
     """A non-negative int that is a multiple of `multiple`."""
+    if type(n) is int and n >= 0 and not n % multiple:
+        return n  # the hot path: a plain valid int (bool is a subclass, never this type)
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) and not _int_scalar_tensor(n):
         raise ValueError(f"{what}={n!r} must be an integer")
     n = int(n)

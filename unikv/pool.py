@@ -15,7 +15,7 @@ from unikv.bands.base import EMPTY
 from unikv.chain import Chain
 from unikv.extent import Extent, Kind, take_all
 from unikv.hazards import Epoch, Hazards
-from unikv.ids import IdSpace, as_ids, check_count, check_range, few, loaded_torch, require_torch
+from unikv.ids import SMALL, IdSpace, as_ids, check_count, check_range, few, loaded_torch, require_torch
 from unikv.layout import Layout, Side, Unit
 from unikv.policy import absorb_keeps_room, flush_targets, ladder_joint_pages, slide_plan
 from unikv.stats import Stats
@@ -369,7 +369,8 @@ class UnifiedPool:
         unchanged) for an unknown or state band, a page out of range, a
         repeat, or a page not allocated."""
         target = self._release_target(band)
-        v = self._live_page_array(pages, "release_pages", allow_sink=True, bound_v2p=target.v2p)
+        v = self._live_page_array(pages, "release_pages", allow_sink=True, bound_v2p=target.v2p,
+                                  few_as_list=True)
         moves = self._unbind(target, v)
         self.vids.drop(v)
         return moves
@@ -381,11 +382,14 @@ class UnifiedPool:
         return target if target is not None else self._token_band(band)
 
     def _live_page_array(self, pages: Sequence[int], op: str, allow_sink: bool,
-                         bound_v2p: np.ndarray | None = None) -> np.ndarray:
+                         bound_v2p: np.ndarray | None = None,
+                         few_as_list: bool = False) -> np.ndarray | list[int]:
         """Distinct allocated virtual `pages`, ascending as `paged.live_pages`
         orders them (the bands' hole order follows it), as int64; of those,
         the ones a band binds when its v2p table is given (`bound_v2p`).
-        `allow_sink`: the sink is dropped instead of refused."""
+        `allow_sink`: the sink is dropped instead of refused. `few_as_list`:
+        at most `ids.SMALL` pages come back as a list of ints (what
+        `unbind` and `IdSpace.drop` read without numpy)."""
         values = sorted(pages.tolist() if isinstance(pages, np.ndarray) else pages)
         if allow_sink and values and values[0] == 0:
             del values[0]
@@ -398,6 +402,8 @@ class UnifiedPool:
             else:
                 if bound_v2p is not None:
                     values = [p for p in values if bound_v2p[p] >= 0]
+                if few_as_list and len(values) <= SMALL:
+                    return values
                 return np.array(values, dtype=np.int64)
         v = np.array(values, dtype=np.int64)
         if len(v) and (v[0] < 0 or v[-1] >= self.vids.size):

@@ -28,6 +28,7 @@ from unikv.extent import (
     chain_gap_bytes_columns,
     joint_pages,
     joint_pages_columns,
+    new_extent,
 )
 
 FIELDS = ("low", "high", "holes", "live", "pending")  # per band, in a sample
@@ -98,4 +99,5 @@ def _joint_pages(pool, ext0, bands, table) -> np.ndarray:
 def _with_fields(e: Extent, fields: Sequence[int]) -> Extent:
     """`e` with the sampled `(low, high, holes, live)`."""
     low, high, holes, live = fields
-    return Extent(e.kind, e.page_bytes, e.min_page, e.num_pages, low, high, holes, live, e.cap)
+    # positional, without NamedTuple.__new__'s frame (one per sampled row and band)
+    return new_extent(Extent, (e.kind, e.page_bytes, e.min_page, e.num_pages, low, high, holes, live, e.cap))

@@ -64,6 +64,9 @@ class BandAllocator:
         self.v2p, self.p2v = view.v2p, view.p2v
         self.v2p_dev, self.p2v_dev = view.v2p_dev, view.p2v_dev
         self._v_at, self._p_at = view.v2p_at, view.p2v_at
+        # Tables whose device arena is the host's (the sim backend) have no
+        # mirror to mark stale: the table writes skip `touch` altogether.
+        self._mirrored = not ctx.tables.shared
         self.reset()
 
     # -- state every subclass defines --
@@ -155,16 +158,18 @@ class BandAllocator:
     def bind(self, v_pages: np.ndarray, p_pages: np.ndarray) -> None:
         self.v2p[v_pages] = p_pages
         self.p2v[p_pages] = v_pages
-        self.tables.touch(self._v_at, v_pages)
-        self.tables.touch(self._p_at, p_pages)
+        if self._mirrored:
+            self.tables.touch(self._v_at, v_pages)
+            self.tables.touch(self._p_at, p_pages)
         self.counters.allocated_pages += len(v_pages)
 
-    def unbind(self, v_pages: np.ndarray) -> np.ndarray:
-        """Tombstone `v_pages` (all bound here); return their physical pages."""
+    def unbind(self, v_pages: np.ndarray | list[int]) -> np.ndarray:
+        """Tombstone `v_pages` (all bound here; an int64 array, or a list of
+        at most `SMALL` ints); return their physical pages."""
         v2p, p2v = self.v2p, self.p2v
         if len(v_pages) <= SMALL:  # a few pages: Python steps beat numpy calls
             found = []
-            for v in v_pages.tolist():
+            for v in v_pages if type(v_pages) is list else v_pages.tolist():
                 p = int(v2p[v])
                 v2p[v] = p2v[p] = -1
                 found.append(p)
@@ -173,8 +178,9 @@ class BandAllocator:
             p_pages = v2p[v_pages]
             v2p[v_pages] = -1
             p2v[p_pages] = -1
-        self.tables.touch(self._v_at, v_pages)
-        self.tables.touch(self._p_at, p_pages)
+        if self._mirrored:
+            self.tables.touch(self._v_at, np.asarray(v_pages, dtype=np.int64))
+            self.tables.touch(self._p_at, p_pages)
         self.counters.freed_pages += len(v_pages)
         return p_pages
 
@@ -196,8 +202,9 @@ class BandAllocator:
         self.p2v[s] = -1
         self.p2v[d] = v
         self.v2p[v] = d
-        self.tables.touch(self._p_at, np.concatenate([s, d]))
-        self.tables.touch(self._v_at, v)
+        if self._mirrored:
+            self.tables.touch(self._p_at, np.concatenate([s, d]))
+            self.tables.touch(self._v_at, v)
         self.counters.moves += len(s)
         self.counters.moved_bytes += len(s) * self.page_bytes
 

@@ -81,8 +81,10 @@ class EndBand(BandAllocator):
             self.live = self.live - n
             if self.live == 0 and not self.pending:
                 self._reset_frontier()  # nothing live: the whole range is free
-            else:
+            elif len(self.holes):
                 self.holes = np.concatenate([self.holes, p_pages])
+            else:  # the freed pages are the hole list (`unbind` built them afresh)
+                self.holes = p_pages
             return 0
         return self._compact_now(p_pages.tolist())
 
@@ -132,8 +134,8 @@ class EndBand(BandAllocator):
             # (absorbed holes never touch it), so it is the first survivor
             # the pack would move.
             if hazards.pending_event() is not None and not self.pending_set:
-                written = hazards.writes_of(self.name)
-                if written and int(self.p2v[self.watermark - 1 if self.up else self.watermark]) in written:
+                frontier = int(self.p2v[self.watermark - 1 if self.up else self.watermark])
+                if hazards.writes_page(self.name, frontier):
                     return 0
         holes = self._ascending()
         srcs, dsts = self._plan_pack(holes, None if urgent else self.ctx.move_cap, urgent)
@@ -151,7 +153,9 @@ class EndBand(BandAllocator):
             # They were absorbed already, and no vacated page joined them.
             self._keep(left, self.holes[len(dsts):])
         else:
-            self._keep(None, self._absorb(np.sort(np.array(left + srcs, dtype=np.int64))))
+            ordered = np.array(left + srcs, dtype=np.int64)
+            ordered.sort()  # the method: no Python wrapper, unlike np.sort
+            self._keep(None, self._absorb(ordered))
         return len(srcs)
 
     def _drain_pending(self, urgent: bool) -> None:
@@ -190,7 +194,8 @@ class EndBand(BandAllocator):
                 ascending = ascending[len(ascending) - n:] if self.up else ascending[:n]
             self._absorbed = (holes, owner, ascending)
             return n > 0
-        ordered = np.sort(holes)
+        ordered = holes.copy()
+        ordered.sort()  # np.sort, without its Python wrapper
         if len(ordered) and int(ordered[-1] if self.up else ordered[0]) != (
                 self.watermark - 1 if self.up else self.watermark):
             # no hole touches the frontier (the usual case): nothing to absorb
