@@ -185,14 +185,31 @@ def expand(study: Study) -> list[RunSpec]:
                     cell = base.with_(rate_scale=scale, model=name, kv_cache_dtype=study.models.kv_cache_dtype,
                                       page_size=study.layouts.page_size, oversize=study.layouts.oversize,
                                       hardware=study.gpu.name, scheduler=study.scheduler.config())
-                    cells = grid(cell, study.layouts.kinds, study.layouts.compactions,
-                                 study.layouts.fixed_ratios or [None])
+                    cells = _under_one_engine(grid(cell, study.layouts.kinds, study.layouts.compactions,
+                                                   study.layouts.fixed_ratios or [None]),
+                                              study.layouts.others_engine)
                     head = {**common, "trace": tspec.trace, "trace_sha256": trace_sha, "target_rate_rps": target,
                             "model": name, "model_config_sha256": model_sha[name]}
                     for bspec in study.budgets:
                         for spec in _budget_runs(bspec, model, hbm, study, cells, head):
                             out.setdefault(spec.run_id, spec)
     return list(out.values())
+
+
+def _under_one_engine(cells: list[tuple[str, RunConfig]], engine: str | None) -> list[tuple[str, RunConfig]]:
+    """`cells` with the non-baseline layouts kept only under `engine`'s rules
+    (`layouts.others_engine`; None: all kept), their "@engine" tag dropped."""
+    from unikv.sim.engines import ENGINE_OF_LAYOUT
+
+    if engine is None:
+        return cells
+    out = []
+    for label, cfg in cells:
+        if cfg.layout in ENGINE_OF_LAYOUT:
+            out.append((label, cfg))
+        elif cfg.scheduler.engine == engine:
+            out.append((label.removesuffix(f"@{engine}"), cfg))
+    return out
 
 
 def _budget_runs(bspec: BudgetSpec, model, hbm, study: Study, cells, head: dict) -> list[RunSpec]:

@@ -85,6 +85,10 @@ class LayoutsSpec(_Strict):
     compactions: list[Literal[COMPACTIONS]] = Field(default_factory=lambda: ["lazy"])  # type: ignore[valid-type]
     page_size: PositiveInt = 16
     oversize: Literal[OVERSIZE] = "reject"  # type: ignore[valid-type]
+    # With both engine baselines in kinds and scheduler.engine unset, the other
+    # layouts run under each engine's rules (labels "...@sglang", "...@vllm");
+    # this names the one engine they run under instead (labels untagged).
+    others_engine: Literal["sglang", "vllm"] | None = None
 
     @model_validator(mode="after")
     def _ratios(self) -> LayoutsSpec:

@@ -35,6 +35,21 @@ def test_the_grid_is_every_combination_once():
     assert labels == ["end_end/eager", "end_end/lazy", "oracle"]
 
 
+def test_others_engine_runs_the_unified_layouts_once_beside_both_baselines():
+    both = dict(STUDY, study={"name": "g"}, layouts={"kinds": ["sglang", "vllm", "end_end", "oracle"]})
+    every = {(s.columns["label"], s.columns["rate_scale"]): s.run_id for s in expand(parse_study(both))}
+    assert sorted({label for label, _ in every}) == ["end_end/lazy@sglang", "end_end/lazy@vllm", "oracle@sglang",
+                                                     "oracle@vllm", "sglang", "vllm"]
+    one = dict(both, layouts={**both["layouts"], "others_engine": "sglang"})
+    specs = expand(parse_study(one))
+    assert sorted({s.columns["label"] for s in specs}) == ["end_end/lazy", "oracle", "sglang", "vllm"]
+    for s in specs:  # the same runs as the @sglang ones and the baselines: the same ids
+        tagged = s.columns["label"] if s.columns["label"] in ("sglang", "vllm") else s.columns["label"] + "@sglang"
+        assert every[(tagged, s.columns["rate_scale"])] == s.run_id
+    with pytest.raises(ValueError, match="others_engine"):
+        parse_study(dict(both, layouts={**both["layouts"], "others_engine": "tgi"}))
+
+
 def test_the_same_inputs_give_the_same_ids_in_another_process():
     code = ("import json, sys; from unikv.sim.study.grid import expand; from unikv.sim.study.spec import "
             "parse_study; print(json.dumps([s.run_id for s in expand(parse_study(json.loads(sys.argv[1])))]))")
