@@ -280,6 +280,8 @@ def _cell_search(study: Study, members: list[RunSpec], done: dict[str, dict], ro
         import pandas as pd
         from unikv.sim.study import answers
 
+        if any(done.get(m.run_id, {}).get("status") == INAPPLICABLE for m in members):
+            return 0  # the layout does not apply to the model: no rate would
         finished = [done[m.run_id] for m in members if m.run_id in done and done[m.run_id].get("status") == "ok"]
         with lock:
             used.update(r["run_id"] for r in finished)
