@@ -29,6 +29,8 @@ def point_errors(fit: StepProfile, held: StepProfile, grid: str) -> list[tuple[f
     out = []
     for i, row in enumerate(table.rows):
         for j, col in enumerate(table.cols):
+            if (i, j) in table.filled:  # not measured (the GPU could not hold it): nothing to check against
+                continue
             measured = held.non_forward_s + table.forward_s[i][j]
             if grid == "prefill":
                 fwd, outside = fit.forward_s(chunk_tokens=row, cached_tokens=col, batch=0, context_tokens=0)

@@ -16,6 +16,14 @@ of `--reps` timed forwards (CUDA events) after a warm-up:
 - non-forward time: the median host time of a decode step (alloc_decode,
   window release, flush, translate, block tables) over the decode grid.
 
+A point whose KV the GPU cannot hold beside the weights (the large-batch,
+long-context corner) is not measured: `sim.profile.fill_unmeasured`
+extrapolates it from its measured neighbours and the grid's `filled` mask
+marks it, so the cost model flags every step that reads it. Held-out
+points that cannot be held are marked in the held-out file's `filled` mask
+too, and `benchmarks/profile_accuracy.py` skips them (a held-out cell no
+measured neighbour can reach holds the grid's largest time, never read).
+
 Two files are written: FIT (the grids the cost model interpolates) and
 HELDOUT (points between them, never used for fitting), so that
 `benchmarks/profile_accuracy.py FIT HELDOUT` gives the accuracy table.
@@ -42,12 +50,12 @@ from pathlib import Path
 import bench_real_decode as brd  # the decode case (this folder)
 from bench_real_decode import CONFIGS, PS, Case
 
-FIT = {"decode": ([1, 8, 32, 96], [512, 2048, 8192]),
-       "prefill": ([256, 1024, 4096], [0, 2048, 8192]),
-       "mixed": ([256, 1024, 4096], [1, 16, 64])}
-HELDOUT = {"decode": ([4, 64], [1024, 4096]),
-           "prefill": ([512, 2048], [1024, 4096]),
-           "mixed": ([512, 2048], [4, 32])}
+FIT = {"decode": ([1, 8, 32, 128, 256], [512, 2048, 8192, 32768]),
+       "prefill": ([256, 1024, 4096, 8192], [0, 2048, 8192, 32768]),
+       "mixed": ([256, 1024, 4096], [1, 16, 64, 256])}
+HELDOUT = {"decode": ([4, 64, 160], [1024, 4096, 12288]),
+           "prefill": ([512, 2048, 6144], [1024, 4096, 16384]),
+           "mixed": ([512, 2048], [4, 32, 128])}
 
 
 def pool_for(spec, placed, tokens: int, requests: int, unwindowed_tokens: int = 0):
@@ -144,13 +152,16 @@ def packed_point(lm, spec, placed, chunk: int, cached: int, decoders: int, conte
     pre = Case(pool, views, spec, 1, cached, brd.DEVICE) if cached else None
     got = np.asarray(pool.alloc(-(-chunk // PS) * PS))[:chunk]  # the chunk: no ratchet inside it
     pages = (pre.pages[0] if pre else []) + sorted(set((got // PS).tolist()))
-    rows = (dec.pages if dec else []) + [pages]
-    bands = views.bands
     if dec:
         dec.seq += 1
         new = np.asarray(pool.alloc_decode(dec.seq, dec.last))
+        for b, t in enumerate(new.tolist()):  # a decoder at a page boundary opens a page: the table holds it
+            if t // PS != dec.pages[b][-1]:
+                dec.pages[b].append(t // PS)
     else:
         new = np.zeros(0, dtype=np.int64)
+    rows = (dec.pages if dec else []) + [pages]
+    bands = views.bands
     ids = np.concatenate([new, got])
     dev = brd.DEVICE
     seq = [int(s) for s in (dec.seq if dec else [])] + [cached + chunk]
@@ -172,30 +183,48 @@ def packed_point(lm, spec, placed, chunk: int, cached: int, decoders: int, conte
     return timed(forward, reps)
 
 
-def measure(lm, spec, placed, grids, reps: int, mixed_context: int, host: list) -> dict:
+def measure(lm, spec, placed, grids, reps: int, mixed_context: int, host: list, heldout: bool) -> dict:
+    import torch
+    from unikv.sim.profile import fill_unmeasured
+
     out = {}
     for grid, (rows, cols) in grids.items():
         table = []
         for r in rows:
             line = []
             for c in cols:
-                if grid == "decode":
-                    t = decode_point(lm, spec, placed, r, c, reps, host)
-                elif grid == "prefill":
-                    t = packed_point(lm, spec, placed, r, c, 0, 0, reps)
-                else:
-                    t = packed_point(lm, spec, placed, r, 0, c, mixed_context, reps)
+                t0 = time.perf_counter()
+                try:
+                    if grid == "decode":
+                        t = decode_point(lm, spec, placed, r, c, reps, host)
+                    elif grid == "prefill":
+                        t = packed_point(lm, spec, placed, r, c, 0, 0, reps)
+                    else:
+                        t = packed_point(lm, spec, placed, r, 0, c, mixed_context, reps)
+                    print(f"{grid} {r} x {c}: {1e3 * t:.2f} ms ({time.perf_counter() - t0:.1f} s)", flush=True)
+                except (MemoryError, torch.cuda.OutOfMemoryError) as exc:
+                    t = None
+                    print(f"{grid} {r} x {c}: not measured, the GPU cannot hold it ({str(exc).splitlines()[0]})",
+                          flush=True)
                 line.append(t)
-                print(f"{grid} {r} x {c}: {1e3 * t:.2f} ms", flush=True)
                 gc.collect()
                 if brd.DEVICE == "cuda":
-                    import torch
-
                     torch.cuda.empty_cache()
             table.append(line)
         axes = {"decode": ("batch", "context_tokens"), "prefill": ("chunk_tokens", "cached_tokens"),
                 "mixed": ("chunk_tokens", "batch")}[grid]
-        out[grid] = {axes[0]: rows, axes[1]: cols, "forward_s": table}
+        try:
+            filled, mask = fill_unmeasured(rows, cols, table)
+        except ValueError:
+            if not heldout:
+                raise
+            # a held-out cell nothing can reach: marked filled, so the accuracy table skips it
+            top = max(t for line in table for t in line if t is not None)
+            filled, mask = [[top if t is None else t for t in line] for line in table], \
+                [[t is None for t in line] for line in table]
+        out[grid] = {axes[0]: rows, axes[1]: cols, "forward_s": filled}
+        if any(any(m) for m in mask):
+            out[grid]["filled"] = mask
     out["mixed"]["context_tokens"] = mixed_context
     return out
 
@@ -241,6 +270,7 @@ def main(argv=None) -> int:
         brd.DEVICE, dtype = "cpu", "fp32"
         CONFIGS[args.model] = args.smoke.resolve()
         FIT.update(decode=([1, 2], [16, 40]), prefill=([8, 16], [0, 24]), mixed=([8, 16], [1, 2]))
+        args.mixed_context = min(args.mixed_context, 32)
         HELDOUT.update(decode=([1, 2], [24, 32]), prefill=([12, 16], [8, 16]), mixed=([12, 16], [1, 2]))
         spec = load_model(str(args.smoke), kv_cache_dtype=dtype)
     elif not torch.cuda.is_available():
@@ -257,7 +287,7 @@ def main(argv=None) -> int:
     command = "python benchmarks/profile_model.py " + " ".join(sys.argv[1:] if argv is None else argv)
     for path, grids in ((args.out, FIT), (args.heldout, HELDOUT)):
         host: list = []
-        data = measure(lm, spec, placed, grids, args.reps, args.mixed_context, host)
+        data = measure(lm, spec, placed, grids, args.reps, args.mixed_context, host, heldout=grids is HELDOUT)
         profile = {"format": "unikv-step-profile", "version": 1, "model": args.model, "gpu": args.gpu,
                    "provenance": provenance(command, args.revision), "non_forward_s": statistics.median(host),
                    "moe_touch": [], **data}

@@ -43,20 +43,27 @@ class Grid:
     Attributes:
         rows / cols: strictly increasing non-negative axis points (>= 2 each).
         forward_s: seconds, `forward_s[i][j]` at (rows[i], cols[j]), all > 0.
+        filled: cells that were not measured (the GPU could not hold their
+            KV) but extrapolated from measured neighbours when the profile
+            was written (`benchmarks/profile_model.py`); () when every cell
+            was measured.
     """
 
     rows: tuple[float, ...]
     cols: tuple[float, ...]
     forward_s: tuple[tuple[float, ...], ...]
+    filled: frozenset[tuple[int, int]] = frozenset()
 
     def __call__(self, row: float, col: float) -> tuple[float, bool]:
-        """(seconds at (row, col), whether the point lies outside the grid)."""
+        """(seconds at (row, col), whether the point lies outside the grid's
+        measured cells: beyond its axes, or in a cell a filled corner bounds)."""
         i, u, out_r = _cell(self.rows, row)
         j, v, out_c = _cell(self.cols, col)
         t = self.forward_s
         log_t = ((1 - u) * (1 - v) * math.log(t[i][j]) + u * (1 - v) * math.log(t[i + 1][j])
                  + (1 - u) * v * math.log(t[i][j + 1]) + u * v * math.log(t[i + 1][j + 1]))
-        return math.exp(log_t), out_r or out_c
+        used = {(i + a, j + b) for a, wa in ((0, 1 - u), (1, u)) for b, wb in ((0, 1 - v), (1, v)) if wa * wb > 0}
+        return math.exp(log_t), out_r or out_c or bool(used & self.filled)
 
 
 def _cell(axis: tuple[float, ...], x: float) -> tuple[int, float, bool]:
@@ -200,9 +207,10 @@ def _grid(name: str, value: Any, extra: tuple[str, ...] = ()) -> Grid:
     if not isinstance(value, Mapping):
         raise ValueError(f"{name}={value!r} must be an object")
     row_name, col_name = GRIDS[name]
-    unknown = sorted(set(value) - {row_name, col_name, "forward_s", *extra})
+    unknown = sorted(set(value) - {row_name, col_name, "forward_s", "filled", *extra})
     if unknown:
-        raise ValueError(f"{name}: unknown fields {unknown}; valid: {[row_name, col_name, 'forward_s', *extra]}")
+        raise ValueError(f"{name}: unknown fields {unknown}; valid: "
+                         f"{[row_name, col_name, 'forward_s', 'filled', *extra]}")
     rows, cols = _axis(f"{name}.{row_name}", value.get(row_name)), _axis(f"{name}.{col_name}", value.get(col_name))
     table = value.get("forward_s")
     if not isinstance(table, Sequence) or len(table) != len(rows):
@@ -213,7 +221,62 @@ def _grid(name: str, value: Any, extra: tuple[str, ...] = ()) -> Grid:
             raise ValueError(f"{name}.forward_s[{i}] must hold {len(cols)} numbers (one per {col_name})")
         out.append(tuple(_number(f"{name}.forward_s[{i}][{j}]", v, low=0.0, open_low=True)
                          for j, v in enumerate(row)))
-    return Grid(rows=rows, cols=cols, forward_s=tuple(out))
+    return Grid(rows=rows, cols=cols, forward_s=tuple(out), filled=_filled(name, value.get("filled"), rows, cols))
+
+
+def _filled(name: str, value: Any, rows: tuple, cols: tuple) -> frozenset[tuple[int, int]]:
+    """The `filled` mask (rows x cols booleans: True = extrapolated, not
+    measured) as a set of cells; absent = every cell measured."""
+    if value is None:
+        return frozenset()
+    ok = isinstance(value, Sequence) and len(value) == len(rows) and all(
+        isinstance(r, Sequence) and len(r) == len(cols) and all(isinstance(b, bool) for b in r) for r in value)
+    if not ok:
+        raise ValueError(f"{name}.filled must be {len(rows)} rows of {len(cols)} booleans (True: not measured)")
+    cells = frozenset((i, j) for i, r in enumerate(value) for j, b in enumerate(r) if b)
+    if len(cells) == len(rows) * len(cols):
+        raise ValueError(f"{name}.filled marks every cell: nothing in the grid was measured")
+    return cells
+
+
+def fill_unmeasured(rows: Sequence[float], cols: Sequence[float],
+                    table: Sequence[Sequence[float | None]]) -> tuple[list[list[float]], list[list[bool]]]:
+    """A grid's table with its unmeasured cells (None: the GPU could not
+    hold the point's KV) extrapolated, and the `filled` mask to store with it.
+
+    A row with at least two measured cells is extended along its columns by
+    the log-log slope (in the interpolation's log1p axis) of its last two
+    measured cells; cells still empty are then extended down their column
+    from the two highest rows that hold values. The cost model flags every
+    step that reads a filled cell (`Grid.__call__`), as it flags steps
+    beyond the axes.
+
+    Raises:
+        ValueError: a cell that neither direction can reach (fewer than two
+            values in its row and in its column).
+    """
+    out = [list(r) for r in table]
+    mask = [[v is None for v in r] for r in table]
+
+    def extend(points: list[tuple[float, float]], x: float) -> float:
+        (x0, t0), (x1, t1) = points[-2], points[-1]
+        slope = (math.log(t1) - math.log(t0)) / (math.log1p(x1) - math.log1p(x0))
+        return math.exp(math.log(t1) + slope * (math.log1p(x) - math.log1p(x1)))
+
+    for r in out:
+        known = [(cols[j], v) for j, v in enumerate(r) if v is not None]
+        if len(known) >= 2:
+            for j, v in enumerate(r):
+                if v is None:
+                    r[j] = extend(known, cols[j])
+    for j in range(len(cols)):
+        known = [(rows[i], out[i][j]) for i in range(len(rows)) if out[i][j] is not None]
+        for i in range(len(rows)):
+            if out[i][j] is None:
+                if len(known) < 2:
+                    raise ValueError(f"cell ({rows[i]}, {cols[j]}): too few measured neighbours to extrapolate it")
+                out[i][j] = extend([k for k in known if k[0] < rows[i]] or known, rows[i])
+    return out, mask
 
 
 def _moe_touch(value: Any) -> tuple[tuple[int, float], ...]:

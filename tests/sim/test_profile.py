@@ -198,3 +198,44 @@ def test_profile_accuracy_refuses_mismatched_pairs(tmp_path, capsys):
     assert "does not match" in capsys.readouterr().err
     assert profile_accuracy.main([str(fit)]) == 2
     assert not math.isnan(profile_accuracy.p90([1.0, 2.0]))
+
+
+def test_a_step_reading_a_filled_cell_is_flagged_as_extrapolated():
+    data = make()
+    rows, cols = data["decode"]["batch"], data["decode"]["context_tokens"]
+    data["decode"]["filled"] = [[i == len(rows) - 1 and j == len(cols) - 1 for j in range(len(cols))]
+                                for i in range(len(rows))]
+    prof = StepProfile.from_dict(data)
+    assert not prof.decode(8, 1024)[1]  # a measured grid point
+    assert not prof.decode(32, 4000)[1]  # a cell of measured corners
+    assert prof.decode(100, 20000)[1]  # its cell has the filled corner
+    assert not prof.decode(64, 20000)[1]  # on the row below it: the filled corner has weight 0
+
+
+@pytest.mark.parametrize("mask, message", [
+    ([[True]], "decode.filled must be 4 rows of 4 booleans"),
+    ([[True] * 4] * 4, "decode.filled marks every cell"),
+    ([[1, 0, 0, 0]] * 4, "decode.filled must be 4 rows of 4 booleans"),
+])
+def test_a_bad_filled_mask_is_refused_by_name(mask, message):
+    data = make()
+    data["decode"]["filled"] = mask
+    with pytest.raises(ValueError, match=message):
+        StepProfile.from_dict(data)
+
+
+def test_unmeasured_cells_are_extrapolated_along_the_row_then_the_column():
+    from unikv.sim.profile import fill_unmeasured
+
+    rows, cols = (1, 8, 64, 256), (16, 1024, 8192, 65536)
+    full = [[power_decode(r, c) for c in cols] for r in rows]
+    table = [list(r) for r in full]
+    table[2][3] = table[3][3] = table[3][2] = None  # the corner the GPU cannot hold
+    table[3][1] = None  # and one the row cannot reach once its neighbours are gone
+    got, mask = fill_unmeasured(rows, cols, table)
+    # a power law in (log1p, log) space is continued exactly along a row
+    assert got[2][3] == pytest.approx(full[2][3], rel=1e-9)
+    assert mask == [[False] * 4, [False] * 4, [False, False, False, True], [False, True, True, True]]
+    assert all(v > 0 for r in got for v in r)
+    with pytest.raises(ValueError, match="too few measured neighbours"):
+        fill_unmeasured((1, 2), (1, 2), [[1.0, None], [None, None]])

@@ -1,0 +1,185 @@
+"""The simulator against the real engine, end to end (issue 17 item 3).
+
+The same trace slices replayed twice: on the GPU with the real executor
+(transformers forwards through the pool, the measured clock) and on the CPU
+with the cost-model executor, which reads the model's measured profile
+(`sim/data/profiles/<model>__h200.json`). Both runs use one scheduler and
+one allocator, so they differ only in how long each step takes.
+
+    # on the H200 (one call; each run is written as it ends):
+    python benchmarks/validate_real.py real --out results/validation/h200
+    # here, on the CPU: the cost-model replays, the side-by-side table, the timelines
+    python benchmarks/validate_real.py compare --out results/validation/h200
+
+`compare` writes `validation.md` (TTFT p50 / p90, TPOT, throughput, mean
+running requests and retractions side by side, with the relative
+difference), `validation.csv`, and `timeline.md`: for every cell, how many
+leading steps the two runs planned alike (the same prefill and decode
+tokens, admissions, finishes and retractions) and whether their memory
+timeline (live / hole / pending bytes per band, moves, moved bytes) is
+identical over those steps, as it must be where step boundaries coincide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = {"gemma-3-12b": ROOT / "benchmarks/configs/gemma-3-12b-text_config.json",
+          "gpt-oss-20b": ROOT / "tests/data/configs/openai--gpt-oss-20b_config.json"}
+"""The bundled model name the cost replay uses (its profile) -> the config.json the GPU builds."""
+TRACES = {"azure_conv": dict(trace="azure_conv", max_requests=64, rate_scale=4.0, max_context_tokens=4096,
+                             kv_budget_gib=12.0),
+          "azure_code": dict(trace="azure_code", max_requests=48, rate_scale=4.0, max_context_tokens=4096,
+                             kv_budget_gib=12.0),
+          "mooncake_conversation": dict(trace="mooncake_conversation", max_requests=24, rate_scale=2.0,
+                                        max_context_tokens=16384, kv_budget_gib=16.0)}
+"""Each trace's slice: the first requests of the bundled sample, sped up, clipped, at a KV budget."""
+LAYOUTS = ("end_end", "sglang")
+PLAN_COLUMNS = ("prefill_tokens", "decode_tokens", "admitted", "finished", "retracted")
+METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_mean_s", "throughput_tok_s", "mean_running", "retractions")
+
+
+def cells(models, traces, layouts):
+    """(model, trace, layout) of every run, in the order they run."""
+    return [(m, t, lay) for m in models for t in traces for lay in layouts]
+
+
+def config(model: str, trace: str, layout: str, executor: str):
+    """The run of one cell: the real executor on the GPU (bf16, CUDA-graph
+    decode, the measured clock) or the cost model on the CPU."""
+    from unikv.sim.config import RunConfig
+
+    common = dict(TRACES[trace], trace_end_s=None, layout=layout, compaction="lazy", oversize="reject",
+                  kv_cache_dtype="bf16", gpu="h200", seed=0)
+    if executor == "real":
+        return RunConfig(model=str(MODELS[model]), executor="real", device="cuda", dtype="bf16",
+                         decode_graphs=True, real_clock="measured", **common)
+    return RunConfig(model=model, **common)
+
+
+def memoize_builds() -> None:
+    """Build each model once per process: every cell of a model runs on the
+    same weights (random, seed 0); a run binds them to its own pool."""
+    from unikv.sim.real import model as real_model
+
+    built: dict = {}
+    build = real_model.build_model
+
+    def cached(path, **kw):
+        key = (str(path), tuple(sorted((k, str(v)) for k, v in kw.items())))
+        if key not in built:
+            built[key] = build(path, **kw)
+        return built[key]
+
+    real_model.build_model = cached
+
+
+def run_real(out: Path, selected) -> int:
+    import gc
+
+    import torch
+    from unikv.sim.run import run, write_run
+
+    memoize_builds()
+    for model, trace, layout in selected:
+        dest = out / "real" / f"{model}__{trace}__{layout}"
+        if (dest / "summary.json").exists():
+            print(f"{dest.name}: done before, kept", flush=True)
+            continue
+        t0 = time.perf_counter()
+        result = run(config(model, trace, layout, "real"))
+        write_run(result, dest, fmt="csv")
+        s = result.summary
+        print(f"{dest.name}: {s['steps']} steps, {s.get('graph_steps')} through graphs, {s['finished']} finished, "
+              f"TTFT p50 {s['ttft_p50_s']:.3f} s, TPOT {s['tpot_mean_s'] * 1e3:.1f} ms, "
+              f"wall {time.perf_counter() - t0:.1f} s", flush=True)
+        del result
+        gc.collect()
+        torch.cuda.empty_cache()
+    return 0
+
+
+def run_compare(out: Path, selected) -> int:
+    import pandas as pd
+    from unikv.sim.run import run, write_run
+
+    rows, lines = [], []
+    for model, trace, layout in selected:
+        name = f"{model}__{trace}__{layout}"
+        real_dir = out / "real" / name
+        if not (real_dir / "summary.json").exists():
+            print(f"{name}: no real run in {real_dir}, skipped", file=sys.stderr)
+            continue
+        real = json.loads((real_dir / "summary.json").read_text())
+        result = run(config(model, trace, layout, "cost"))
+        write_run(result, out / "cost" / name, fmt="csv")
+        cost = result.summary
+        row = {"model": model, "trace": trace, "layout": layout, "steps_real": real["summary"]["steps"],
+               "steps_cost": cost["steps"], "step_time_model": cost["step_time_model"],
+               "extrapolated_steps": cost.get("step_time_extrapolated_steps")}
+        for k in METRICS:
+            a, b = real["summary"][k], cost[k]
+            row[f"{k}_real"], row[f"{k}_cost"] = a, b
+            row[f"{k}_diff"] = (b - a) / a if a else (0.0 if b == a else float("inf"))
+        rows.append(row)
+        lines.append(timeline_line(name, pd.read_csv(real_dir / "steps.csv"), result.steps))
+    if not rows:
+        print("error: no real runs to compare", file=sys.stderr)
+        return 2
+    frame = pd.DataFrame(rows)
+    frame.to_csv(out / "validation.csv", index=False)
+    (out / "validation.md").write_text(table(frame))
+    (out / "timeline.md").write_text(
+        "| cell | steps planned alike | memory columns compared | identical over those steps |\n"
+        "| --- | ---: | ---: | --- |\n" + "\n".join(lines) + "\n")
+    print((out / "validation.md").read_text())
+    print((out / "timeline.md").read_text())
+    return 0
+
+
+def timeline_line(name: str, real, cost) -> str:
+    """How far the two runs' step plans coincide, and whether the memory
+    timeline is identical over that stretch (it must be: one allocator)."""
+    n = min(len(real), len(cost))
+    same = (real[list(PLAN_COLUMNS)].iloc[:n].to_numpy() == cost[list(PLAN_COLUMNS)].iloc[:n].to_numpy()).all(axis=1)
+    alike = int(n if same.all() else same.argmin())
+    memory = [c for c in real.columns if c.endswith(("_live_bytes", "_hole_bytes", "_pending_bytes"))
+              or c in ("live_bytes", "hole_bytes", "pending_bytes", "moves", "moved_bytes")]
+    equal = (real[memory].iloc[:alike].to_numpy() == cost[memory].iloc[:alike].to_numpy()).all()
+    return f"| {name} | {alike} of {len(real)} (real) / {len(cost)} (cost) | {len(memory)} | {'yes' if equal else 'NO'} |"
+
+
+def table(frame) -> str:
+    """The side-by-side markdown table: real, cost model, relative difference."""
+    head = "| model | trace | layout | " + " | ".join(f"{k} real / cost (diff)" for k in METRICS) + " |"
+    out = [head, "| --- | --- | --- |" + " ---: |" * len(METRICS)]
+    for r in frame.to_dict("records"):
+        cells = []
+        for k in METRICS:
+            a, b, d = r[f"{k}_real"], r[f"{k}_cost"], r[f"{k}_diff"]
+            scale = 1e3 if k.startswith(("ttft", "tpot")) else 1
+            cells.append(f"{a * scale:.4g} / {b * scale:.4g} ({100 * d:+.1f} %)")
+        out.append(f"| {r['model']} | {r['trace']} | {r['layout']} | " + " | ".join(cells) + " |")
+    return "TTFT and TPOT in ms, throughput in tokens/s; diff = (cost - real) / real.\n\n" + "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=("real", "compare"))
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--traces", nargs="+", default=list(TRACES), choices=list(TRACES))
+    ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    args = ap.parse_args(argv)
+    selected = cells(args.models, args.traces, args.layouts)
+    args.out.mkdir(parents=True, exist_ok=True)
+    return run_real(args.out, selected) if args.mode == "real" else run_compare(args.out, selected)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
