@@ -131,7 +131,7 @@ class SearchSpec(_Strict):
 
     rate_scale_lo: Positive
     rate_scale_hi: Positive
-    rel_tol: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] = 0.1
+    rel_tol: Annotated[float, Field(gt=0, le=3, allow_inf_nan=False)] = 0.1
 
     @model_validator(mode="after")
     def _range(self) -> SearchSpec:
