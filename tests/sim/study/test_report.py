@@ -32,7 +32,7 @@ def _row(config: RunConfig, run_id: str) -> tuple[dict, pd.DataFrame]:
     row = {"schema_version": 1, "run_id": run_id, "study": "tiny", "status": "ok", "reason": None,
            "trace": config.trace, "trace_start_s": 0.0, "trace_end_s": config.trace_end_s,
            "rate_scale": config.rate_scale, "offered_rate_rps": len(arrivals) / (arrivals.max() - arrivals.min()),
-           "model": config.model, "gpu": "h200", "kv_budget_gib": config.kv_budget_gib,
+           "model": config.model, "kv_budget_gib": config.kv_budget_gib,
            "budget_rule": "explicit", "label": f"{config.layout}", "layout": config.layout,
            "compaction": config.compaction, "seed": config.seed, **res.summary, "gpu": "h200",
            "target_rate_rps": 2.0,  # as the study writes it: the asked rate, no objective
