@@ -71,7 +71,9 @@ class Threshold:
             lies between `value` and `miss`, within `rel_tol` of each other
             when FOUND.
         evaluations: evaluator calls this search made (new runs).
-        reused: lookups answered by a point already known.
+        reused: points already known inside the range when the search
+            began (which it read instead of running), plus later lookups
+            answered by a known point.
         inversions: (meets, misses) pairs of points contradicting
             monotonicity (a rate that meets above one that misses, or a
             budget that meets below one that misses); empty when monotone.
@@ -185,14 +187,18 @@ def inversions(known: Mapping[float, bool], side: Side) -> tuple[tuple[float, fl
 
 
 def _result(cache: PointCache, outcome: Outcome, side: Side, rel_tol: float, span: tuple[float, float],
-            calls_before: int = 0, hits_before: int = 0) -> Threshold:
+            calls_before: int = 0, hits_before: int = 0, known_before: int = 0) -> Threshold:
     """The search's answer from the points known inside `span` (inversions over all of them)."""
     known = cache.known()
     value, miss = _bracket({x: ok for x, ok in known.items() if span[0] <= x <= span[1]}, side)
     return Threshold(outcome=outcome, value=None if outcome is Outcome.NONE else value, miss=miss,
                      rel_tol=rel_tol, evaluations=cache.calls - calls_before,
-                     reused=cache.hits - hits_before, inversions=inversions(known, side),
+                     reused=cache.hits - hits_before + known_before, inversions=inversions(known, side),
                      rows=cache.frame())
+
+
+def _inside(cache: PointCache, lo: float, hi: float) -> dict[float, bool]:
+    return {x: ok for x, ok in cache.known().items() if lo <= x <= hi}
 
 
 def search(cache: PointCache, *, lo: float, hi: float, rel_tol: float, side: Side) -> Threshold:
@@ -206,19 +212,24 @@ def search(cache: PointCache, *, lo: float, hi: float, rel_tol: float, side: Sid
     lo, hi = _key(lo), _key(hi)  # the cache's keys: a point at an end counts as inside
     calls, hits = cache.calls, cache.hits
     safe, far = (lo, hi) if side is Side.BELOW else (hi, lo)
-    if not cache.met(safe):
-        return _result(cache, Outcome.NONE, side, rel_tol, (lo, hi), calls, hits)
-    if cache.met(far):
-        return _result(cache, Outcome.ALL, side, rel_tol, (lo, hi), calls, hits)
-    inside = {x: ok for x, ok in cache.known().items() if lo <= x <= hi}
+    inside = _inside(cache, lo, hi)
+    was = (calls, hits, len(inside))
     good, bad = _bracket(inside, side)
+    # An end is run only when the points known inside the range leave that
+    # side open: a known meeting point already says the safe end meets (and a
+    # known miss that the far end misses), under monotonicity.
+    if good is None and not cache.met(safe):
+        return _result(cache, Outcome.NONE, side, rel_tol, (lo, hi), *was)
+    if bad is None and cache.met(far):
+        return _result(cache, Outcome.ALL, side, rel_tol, (lo, hi), *was)
+    good, bad = _bracket(_inside(cache, lo, hi), side)
     while good is not None and bad is not None and max(good, bad) > min(good, bad) * (1 + rel_tol):
         mid = math.sqrt(good * bad)
         if cache.met(mid):
             good = mid
         else:
             bad = mid
-    return _result(cache, Outcome.FOUND, side, rel_tol, (lo, hi), calls, hits)
+    return _result(cache, Outcome.FOUND, side, rel_tol, (lo, hi), *was)
 
 
 def max_rate(evaluate: Callable[[float], Mapping], finished: pd.DataFrame | None = None, *,

@@ -89,18 +89,33 @@ def trace_file(trace: str) -> Path:
                      f"({', '.join(traces.samples.names())})")
 
 
-def run_inputs(config: RunConfig, *, trace_sha256: str, model_sha256: str, gpu_sha256: str) -> dict:
+def run_inputs(config: RunConfig, *, trace_sha256: str, model_sha256: str, gpu_sha256: str,
+               profile_sha256: str | None = None) -> dict:
     """Every input of `config` that changes the result, for the run id.
 
-    The trace, model and GPU enter by content hash, not by name or path;
-    `check_every` does not change a replay's numbers and stays out."""
+    The trace, model and GPU enter by content hash, not by name or path, and
+    so does the measured step-time profile of the model on the GPU when one
+    is bundled (`sim/data/profiles/`; absent: the roofline, and no key, so
+    the ids of unprofiled models do not change when another model gains a
+    profile); `check_every` does not change a replay's numbers and stays out."""
     inputs = config.as_dict()
     for name in ("trace", "model", "hardware", "check_every"):
         inputs.pop(name)
     inputs["kv_budget_bytes"] = round(inputs.pop("kv_budget_gib") * (1 << 30))
     inputs.update(trace_sha256=trace_sha256, model_sha256=model_sha256, gpu_sha256=gpu_sha256,
                   unikv_version=unikv.__version__)
+    if profile_sha256 is not None:
+        inputs["profile_sha256"] = profile_sha256
     return inputs
+
+
+def profile_sha256(model_name: str, gpu: str) -> str | None:
+    """The content hash of the step-time profile a replay of `model_name` on
+    `gpu` uses (`sim.cost.step_cost_model`), or None when there is none."""
+    from unikv.sim.profile import profile_path
+
+    path = profile_path(model_name, gpu)
+    return file_sha256(path) if path.is_file() else None
 
 
 def _natural_rate(base: RunConfig) -> float:
@@ -173,6 +188,7 @@ def expand(study: Study) -> list[RunSpec]:
     gpu_sha = sha256_text(canonical_json(hw.as_dict()))
     models = {name: load_model(name, kv_cache_dtype=study.models.kv_cache_dtype) for name in study.models.names}
     model_sha = {n: sha256_text(canonical_json(dataclasses.asdict(m))) for n, m in models.items()}
+    profile_sha = {n: profile_sha256(m.name, study.gpu.name) for n, m in models.items()}
     common = {"study": study.study.name, "gpu": study.gpu.name, "gpu_spec_sha256": gpu_sha,
               "hbm_capacity_bytes": hbm, "executor": "sim", "unikv_version": unikv.__version__}
     out: dict[str, RunSpec] = {}
@@ -185,14 +201,32 @@ def expand(study: Study) -> list[RunSpec]:
                     cell = base.with_(rate_scale=scale, model=name, kv_cache_dtype=study.models.kv_cache_dtype,
                                       page_size=study.layouts.page_size, oversize=study.layouts.oversize,
                                       hardware=study.gpu.name, scheduler=study.scheduler.config())
-                    cells = grid(cell, study.layouts.kinds, study.layouts.compactions,
-                                 study.layouts.fixed_ratios or [None])
+                    cells = _under_one_engine(grid(cell, study.layouts.kinds, study.layouts.compactions,
+                                                   study.layouts.fixed_ratios or [None]),
+                                              study.layouts.others_engine)
                     head = {**common, "trace": tspec.trace, "trace_sha256": trace_sha, "target_rate_rps": target,
-                            "model": name, "model_config_sha256": model_sha[name]}
+                            "model": name, "model_config_sha256": model_sha[name],
+                            "profile_sha256": profile_sha[name]}
                     for bspec in study.budgets:
                         for spec in _budget_runs(bspec, model, hbm, study, cells, head):
                             out.setdefault(spec.run_id, spec)
     return list(out.values())
+
+
+def _under_one_engine(cells: list[tuple[str, RunConfig]], engine: str | None) -> list[tuple[str, RunConfig]]:
+    """`cells` with the non-baseline layouts kept only under `engine`'s rules
+    (`layouts.others_engine`; None: all kept), their "@engine" tag dropped."""
+    from unikv.sim.engines import ENGINE_OF_LAYOUT
+
+    if engine is None:
+        return cells
+    out = []
+    for label, cfg in cells:
+        if cfg.layout in ENGINE_OF_LAYOUT:
+            out.append((label, cfg))
+        elif cfg.scheduler.engine == engine:
+            out.append((label.removesuffix(f"@{engine}"), cfg))
+    return out
 
 
 def _budget_runs(bspec: BudgetSpec, model, hbm, study: Study, cells, head: dict) -> list[RunSpec]:
@@ -206,7 +240,7 @@ def _budget_runs(bspec: BudgetSpec, model, hbm, study: Study, cells, head: dict)
     for label, cfg in cells:
         columns = {**head, "label": label, **_config_columns(cfg), **_budget_columns(bspec, budget)}
         hashes = {"trace_sha256": head["trace_sha256"], "model_sha256": head["model_config_sha256"],
-                  "gpu_sha256": head["gpu_spec_sha256"]}
+                  "gpu_sha256": head["gpu_spec_sha256"], "profile_sha256": head["profile_sha256"]}
         if budget is None:
             inputs = {**run_inputs(cfg, **hashes), "kv_budget_bytes": None, "objectives": study.objectives,
                       "budget": bspec.model_dump(), "hbm_capacity_bytes": hbm}
@@ -238,7 +272,7 @@ def at_rate(spec: RunSpec, rate_scale: float) -> RunSpec:
     cfg = spec.config.with_(rate_scale=float(rate_scale))
     c = spec.columns
     hashes = {"trace_sha256": c["trace_sha256"], "model_sha256": c["model_config_sha256"],
-              "gpu_sha256": c["gpu_spec_sha256"]}
+              "gpu_sha256": c["gpu_spec_sha256"], "profile_sha256": c["profile_sha256"]}
     inputs = {**run_inputs(cfg, **hashes), "objectives": spec.objectives}
     columns = {**c, "rate_scale": cfg.rate_scale, "target_rate_rps": None}
     return RunSpec(run_id=run_id_of(inputs), config=cfg, columns=columns, objectives=dict(spec.objectives))

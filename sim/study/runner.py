@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,7 +137,9 @@ def run_study(study: Study, out_dir: Path, *, address: str | None = None, max_ru
             started = _start_ray(address)
             executed += run_on_ray(tasks, rows_dir, on_row)
         if study.search is not None:
-            executed += search_rates(study, specs, rows_dir, on_row, searched)
+            started = _start_ray(address) or started
+            executed += search_rates(study, specs, rows_dir, on_row, searched, run_point=RayPoints(),
+                                     parallel=True)
     finally:
         grid_ids = {s.run_id for s in specs}
         rows = read_rows(rows_dir, grid_ids)
@@ -152,10 +156,13 @@ def run_study(study: Study, out_dir: Path, *, address: str | None = None, max_ru
 class _RatePoints:
     """A rate search's evaluator over one cell: a point's row from its row
     file when one exists (the grid's or an earlier search's), else the run,
-    executed here and written."""
+    done by `run_point` and written. Thread-safe: the parallel search calls
+    one per cell, each from its own thread, sharing `lock`."""
 
-    def __init__(self, cell: RunSpec, rows_dir: Path, on_row, used: set[str]) -> None:
+    def __init__(self, cell: RunSpec, rows_dir: Path, on_row, used: set[str],
+                 run_point: Callable[[RunSpec], dict], lock: threading.Lock) -> None:
         self.cell, self.rows_dir, self.on_row, self.used = cell, rows_dir, on_row, used
+        self.run_point, self.lock = run_point, lock
         self.executed = 0
 
     def __call__(self, rate_scale: float) -> dict:
@@ -163,37 +170,125 @@ class _RatePoints:
         from unikv.sim.study.grid import at_rate
 
         point = at_rate(self.cell, rate_scale)
-        self.used.add(point.run_id)
+        with self.lock:
+            self.used.add(point.run_id)
         row = read_row(self.rows_dir, point.run_id)
         if row is None:
-            row = execute(point)
-            _write(self.rows_dir, row, self.on_row)
+            row = self.run_point(point)
+            with self.lock:
+                _write(self.rows_dir, row, self.on_row)
             self.executed += 1
         return {**row, MET: bool(row.get(MET))}  # a failed run meets nothing
 
 
-def search_rates(study: Study, specs: list[RunSpec], rows_dir: Path, on_row, used: set[str]) -> int:
-    """Bisect each cell's rate scale for the highest one meeting the
-    objectives (`study.search`, `answers.max_rate`), from the rows the grid
-    left; every point run is a row like the grid's (content-addressed, so
-    a rerun reuses it). Runs in this process, cell after cell. Adds the run
-    ids the searches read to `used`; returns the runs executed."""
-    import pandas as pd
-    from unikv.sim.study import answers
+class RayPoints:
+    """`run_point` for the parallel search: each point one Ray task, the
+    calling thread blocked on it. A task whose worker dies is a `failed`
+    row; after `cancel()` (Ctrl-C) a cancelled task raises instead, so no
+    row is written for a run that did not finish."""
+
+    def __init__(self, work: Callable[[RunSpec], dict] = execute) -> None:
+        import ray
+
+        self._task = ray.remote(num_cpus=1, max_retries=0)(work)
+        self._lock = threading.Lock()
+        self._in_flight: set = set()
+        self._stopped = threading.Event()
+
+    def __call__(self, spec: RunSpec) -> dict:
+        import ray
+
+        if self._stopped.is_set():
+            raise KeyboardInterrupt
+        ref = self._task.remote(spec)
+        with self._lock:
+            self._in_flight.add(ref)
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            if self._stopped.is_set():
+                raise KeyboardInterrupt from exc
+            return make_row(spec, FAILED, f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}",
+                            {}, wall_s=0.0)
+        finally:
+            with self._lock:
+                self._in_flight.discard(ref)
+
+    def cancel(self) -> None:
+        """Stop: cancel every task in flight; later calls raise KeyboardInterrupt."""
+        import ray
+
+        self._stopped.set()
+        with self._lock:
+            refs = list(self._in_flight)
+        for ref in refs:
+            ray.cancel(ref, force=True)
+
+
+def _search_cells(specs: list[RunSpec]) -> dict[str, list[RunSpec]]:
+    """The runnable grid runs by cell (`grid.rate_group`), in grid order."""
     from unikv.sim.study.grid import rate_group
 
     cells: dict[str, list[RunSpec]] = {}
     for spec in specs:
         if spec.config is not None and spec.problem is None:
             cells.setdefault(rate_group(spec), []).append(spec)
-    search = study.search
-    executed = 0
+    return cells
+
+
+def search_rates(study: Study, specs: list[RunSpec], rows_dir: Path, on_row, used: set[str], *,
+                 run_point: Callable[[RunSpec], dict] = execute, parallel: bool = False) -> int:
+    """Bisect each cell's rate scale for the highest one meeting the
+    objectives (`study.search`, `answers.max_rate`), from the rows the grid
+    left; every point run is a row like the grid's (content-addressed, so
+    a rerun reuses it). Adds the run ids the searches read to `used`;
+    returns the runs executed.
+
+    Args:
+        run_point: runs one point and returns its row (`execute`, or a
+            `RayPoints`).
+        parallel: run the cells' bisections together, one driver thread per
+            cell, each waiting on its own next point; with `RayPoints` every
+            unfinished cell has its next point in flight at once. Each cell's
+            points (so its run ids and rows) are those of the serial search:
+            a cell's bisection depends only on its own points.
+    """
+    cells = _search_cells(specs)
     done = {r["run_id"]: r for r in read_rows(rows_dir, [s.run_id for s in specs])}  # the grid's rows, read once
-    for members in cells.values():
+    lock = threading.Lock()
+    searches = [_cell_search(study, members, done, rows_dir, on_row, used, run_point, lock)
+                for members in cells.values()]
+    if not parallel or len(searches) < 2:
+        return sum(one() for one in searches)
+    with ThreadPoolExecutor(max_workers=len(searches), thread_name_prefix="rate-search") as pool:
+        futures = [pool.submit(one) for one in searches]
+        try:
+            return sum(f.result() for f in futures)
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            if isinstance(run_point, RayPoints):
+                run_point.cancel()
+            raise
+
+
+def _cell_search(study: Study, members: list[RunSpec], done: dict[str, dict], rows_dir: Path, on_row,
+                 used: set[str], run_point: Callable[[RunSpec], dict], lock: threading.Lock) -> Callable[[], int]:
+    """One cell's search as a call returning the runs it executed."""
+
+    def one() -> int:
+        import pandas as pd
+        from unikv.sim.study import answers
+
+        if any(done.get(m.run_id, {}).get("status") == INAPPLICABLE for m in members):
+            return 0  # the layout does not apply to the model: no rate would
         finished = [done[m.run_id] for m in members if m.run_id in done and done[m.run_id].get("status") == "ok"]
-        used.update(r["run_id"] for r in finished)
-        points = _RatePoints(members[0], rows_dir, on_row, used)
+        with lock:
+            used.update(r["run_id"] for r in finished)
+        points = _RatePoints(members[0], rows_dir, on_row, used, run_point, lock)
+        search = study.search
         answers.max_rate(points, pd.DataFrame(finished) if finished else None, lo=search.rate_scale_lo,
                          hi=search.rate_scale_hi, rel_tol=search.rel_tol)
-        executed += points.executed
-    return executed
+        return points.executed
+
+    return one

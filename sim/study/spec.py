@@ -85,6 +85,10 @@ class LayoutsSpec(_Strict):
     compactions: list[Literal[COMPACTIONS]] = Field(default_factory=lambda: ["lazy"])  # type: ignore[valid-type]
     page_size: PositiveInt = 16
     oversize: Literal[OVERSIZE] = "reject"  # type: ignore[valid-type]
+    # With both engine baselines in kinds and scheduler.engine unset, the other
+    # layouts run under each engine's rules (labels "...@sglang", "...@vllm");
+    # this names the one engine they run under instead (labels untagged).
+    others_engine: Literal["sglang", "vllm"] | None = None
 
     @model_validator(mode="after")
     def _ratios(self) -> LayoutsSpec:
@@ -127,7 +131,7 @@ class SearchSpec(_Strict):
 
     rate_scale_lo: Positive
     rate_scale_hi: Positive
-    rel_tol: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] = 0.1
+    rel_tol: Annotated[float, Field(gt=0, le=3, allow_inf_nan=False)] = 0.1
 
     @model_validator(mode="after")
     def _range(self) -> SearchSpec:

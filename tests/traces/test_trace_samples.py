@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import warnings
 
@@ -13,11 +14,25 @@ from unikv.traces.stats import summarize
 NAMES = samples.names()
 
 
+WHOLE = [c.name for c in CUTS if c.gzip]
+
+
 def test_expected_samples_are_bundled_and_small():
     assert {"azure_conv", "azure_code", "mooncake_conversation", "sharegpt_lengths"} <= set(NAMES)
     assert samples.DEFAULT == "azure_conv"
     assert sum(samples.path(n).stat().st_size for n in NAMES) < 3 * 2**20
-    assert all(samples.path(n).stat().st_size < 2**19 for n in NAMES)
+    assert all(samples.path(n).stat().st_size < 2**19 for n in NAMES if n not in WHOLE)
+    assert all(samples.path(n).stat().st_size < 2**20 for n in WHOLE)
+
+
+def test_whole_traces_are_bundled_compressed_with_every_row():
+    assert len(WHOLE) == 4
+    for name in WHOLE:
+        data = samples.path(name).read_bytes()
+        assert data[:2] == b"\x1f\x8b", name  # gzip magic: the loader decompresses it
+        assert "the whole file" in samples.info(name)["cut"]
+    assert samples.info("azure_conv_whole")["stats"]["rows"] == 19366  # the manifest's row count
+    assert samples.info("azure_conv_whole")["stats"]["span_s"] > 3500
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -56,9 +71,13 @@ def test_unknown_sample_lists_the_known_ones():
 def test_samples_are_byte_prefixes_cut_as_recorded(shared_dir):
     for cut in CUTS:
         sample = (samples.DIR / cut.file).read_bytes()
+        if cut.gzip:
+            sample = gzip.decompress(sample)
         source = (shared_dir / cut.source).read_bytes()
         assert source.startswith(sample), cut.name
         assert sample.endswith(b"\n")  # whole lines only
+        if cut.gzip:
+            assert sample == source, cut.name
         if cut.first_s is not None:  # the kept rows are exactly those inside the time window
             full = load(shared_dir / cut.source)
             assert int((full["arrival_s"] < cut.first_s).sum()) == samples.info(cut.name)["stats"]["rows"]

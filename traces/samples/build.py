@@ -4,12 +4,14 @@ Usage: ``python -m unikv.traces.samples.build SOURCE_DIR``, a folder holding
 the full public trace files (named as in ``README.md`` beside this file) and
 their ``manifest.json``. Each sample is the source's
 first bytes: the header line (CSV) and the first N data lines, where N is
-either fixed or the number of rows arriving within the first T seconds.
+fixed, the number of rows arriving within the first T seconds, or every
+line (the whole file, then gzip-compressed).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import hashlib
 import json
 import sys
@@ -31,7 +33,11 @@ class Cut:
         file: the sample's file name in ``traces/samples/``.
         first_s: keep the rows arriving before this many seconds after the
             first row (None: use ``rows``).
-        rows: keep this many data rows (when ``first_s`` is None).
+        rows: keep this many data rows (when ``first_s`` is None; None with
+            ``first_s`` None keeps the whole file).
+        gzip: write the kept bytes gzip-compressed (level 9, no name or
+            time stamp, so a rebuild gives the same bytes); the loaders
+            detect gzip by its magic bytes.
     """
 
     name: str
@@ -39,6 +45,7 @@ class Cut:
     file: str
     first_s: float | None = None
     rows: int | None = None
+    gzip: bool = False
 
 
 CUTS = (
@@ -52,12 +59,19 @@ CUTS = (
         file="lengths_sharegpt_8k_llama2tok_first2000.csv", rows=2000),
     Cut(name="arxiv_lengths", source="lengths_arxiv_summarization_llama2tok.csv",
         file="lengths_arxiv_summarization_llama2tok_first2000.csv", rows=2000),
+    # The four timestamped traces whole, for studies that replay a whole file
+    Cut(name="azure_conv_whole", source="azure_llm_2023_conv.csv", file="azure_llm_2023_conv.csv.gz", gzip=True),
+    Cut(name="azure_code_whole", source="azure_llm_2023_code.csv", file="azure_llm_2023_code.csv.gz", gzip=True),
+    Cut(name="mooncake_conversation_whole", source="mooncake_fast25_conversation_trace.jsonl",
+        file="mooncake_fast25_conversation_trace.jsonl.gz", gzip=True),
+    Cut(name="mooncake_synthetic_whole", source="mooncake_fast25_synthetic_trace.jsonl",
+        file="mooncake_fast25_synthetic_trace.jsonl.gz", gzip=True),
 )
 
 
-def _rows_to_keep(cut: Cut, src: Path) -> int:
+def _rows_to_keep(cut: Cut, src: Path) -> int | None:
     if cut.first_s is None:
-        return int(cut.rows)  # type: ignore[arg-type]
+        return cut.rows
     full = load(src)
     meta = full.attrs
     if meta["resorted"] or any(meta["dropped"].values()):
@@ -65,24 +79,32 @@ def _rows_to_keep(cut: Cut, src: Path) -> int:
     return int((full["arrival_s"] < cut.first_s).sum())
 
 
-def _slice_bytes(src: Path, data_rows: int) -> bytes:
+def _slice_bytes(src: Path, data_rows: int | None) -> tuple[bytes, int]:
+    """Return the header plus the first ``data_rows`` lines (all when None) and the row count."""
     lines = src.read_bytes().splitlines(keepends=True)
     header = 0 if lines[0].lstrip().startswith(b"{") else 1
-    return b"".join(lines[: header + data_rows])
+    n = len(lines) - header if data_rows is None else data_rows
+    return b"".join(lines[: header + n]), n
 
 
 def _describe_cut(cut: Cut, data_rows: int, header: bool) -> str:
     lines = data_rows + int(header)
-    why = f"rows with arrival < {cut.first_s:g} s after the first row" if cut.first_s is not None else "fixed count"
     head = "header + " if header else ""
+    if cut.first_s is None and cut.rows is None:
+        return f"first {lines} lines = the whole file ({head}{data_rows} data rows), gzip -9n"
+    why = f"rows with arrival < {cut.first_s:g} s after the first row" if cut.first_s is not None else "fixed count"
     return f"first {lines} lines ({head}{data_rows} data rows; {why}) = `head -n {lines}`"
+
+
+def _encode(cut: Cut, data: bytes) -> bytes:
+    return gzip.compress(data, compresslevel=9, mtime=0) if cut.gzip else data
 
 
 def build_one(cut: Cut, src_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """Write one sample file and return its ``stats.json`` entry."""
     src = src_dir / cut.source
-    n = _rows_to_keep(cut, src)
-    data = _slice_bytes(src, n)
+    data, n = _slice_bytes(src, _rows_to_keep(cut, src))
+    data = _encode(cut, data)
     (DIR / cut.file).write_bytes(data)
     df = load(DIR / cut.file)
     up = manifest[cut.source]

@@ -180,3 +180,16 @@ def test_range_ends_of_many_digits_are_the_points_run():
     assert every.outcome is Outcome.ALL and every.value == pytest.approx(hi, rel=1e-11)
     t = max_rate(below(2.0), lo=lo, hi=hi, rel_tol=0.01)
     assert t.outcome is Outcome.FOUND and t.value <= 2.0 < t.miss
+
+
+def test_a_known_point_inside_the_range_spares_the_run_at_that_end():
+    met_at_1 = pd.DataFrame({"rate_scale": [1.0], "objectives_met": [True]})
+    ev = below(3.0)
+    t = max_rate(ev, met_at_1, lo=0.25, hi=8.0, rel_tol=0.5)
+    assert 0.25 not in ev.calls and ev.calls[0] == 8.0  # 1.0 meets: so does 0.25 (monotone); 8.0 is run
+    assert t.outcome is Outcome.FOUND and t.value <= 3.0 < t.miss <= t.value * 1.5
+    missed_at_1 = pd.DataFrame({"rate_scale": [1.0], "objectives_met": [False]})
+    ev = below(0.4)
+    t = max_rate(ev, missed_at_1, lo=0.25, hi=8.0, rel_tol=0.5)
+    assert 8.0 not in ev.calls and ev.calls[0] == 0.25
+    assert t.outcome is Outcome.FOUND and t.value <= 0.4 < t.miss

@@ -35,6 +35,21 @@ def test_the_grid_is_every_combination_once():
     assert labels == ["end_end/eager", "end_end/lazy", "oracle"]
 
 
+def test_others_engine_runs_the_unified_layouts_once_beside_both_baselines():
+    both = dict(STUDY, study={"name": "g"}, layouts={"kinds": ["sglang", "vllm", "end_end", "oracle"]})
+    every = {(s.columns["label"], s.columns["rate_scale"]): s.run_id for s in expand(parse_study(both))}
+    assert sorted({label for label, _ in every}) == ["end_end/lazy@sglang", "end_end/lazy@vllm", "oracle@sglang",
+                                                     "oracle@vllm", "sglang", "vllm"]
+    one = dict(both, layouts={**both["layouts"], "others_engine": "sglang"})
+    specs = expand(parse_study(one))
+    assert sorted({s.columns["label"] for s in specs}) == ["end_end/lazy", "oracle", "sglang", "vllm"]
+    for s in specs:  # the same runs as the @sglang ones and the baselines: the same ids
+        tagged = s.columns["label"] if s.columns["label"] in ("sglang", "vllm") else s.columns["label"] + "@sglang"
+        assert every[(tagged, s.columns["rate_scale"])] == s.run_id
+    with pytest.raises(ValueError, match="others_engine"):
+        parse_study(dict(both, layouts={**both["layouts"], "others_engine": "tgi"}))
+
+
 def test_the_same_inputs_give_the_same_ids_in_another_process():
     code = ("import json, sys; from unikv.sim.study.grid import expand; from unikv.sim.study.spec import "
             "parse_study; print(json.dumps([s.run_id for s in expand(parse_study(json.loads(sys.argv[1])))]))")
@@ -106,3 +121,14 @@ def test_a_derived_budget_uses_the_gpu_specs_hbm_and_the_models_weights():
     assert spec.columns["kv_budget_bytes"] == want
     assert spec.config.kv_budget_gib * (1 << 30) == pytest.approx(want)
     assert (spec.columns["budget_rule"], spec.columns["hbm_capacity_bytes"]) == ("sglang", hbm)
+
+
+def test_a_bundled_step_time_profile_enters_the_run_id_and_the_dataset():
+    from unikv.sim.study.grid import profile_sha256
+
+    profiled = dict(STUDY, study={"name": "g"}, models={"names": ["gemma-3-12b", "nemotron-3-nano-30b-a3b"]},
+                    layouts={"kinds": ["oracle"]})
+    specs = expand(parse_study(profiled))
+    sha = {s.columns["model"]: s.columns["profile_sha256"] for s in specs}
+    assert sha["gemma-3-12b"] == profile_sha256("gemma-3-12b", "h200") and len(sha["gemma-3-12b"]) == 64
+    assert sha["nemotron-3-nano-30b-a3b"] is None  # no profile: the roofline

@@ -99,3 +99,33 @@ def test_a_run_whose_worker_dies_is_a_failed_row_and_the_others_finish(tmp_path)
     rows = {r["run_id"]: r for r in read_rows(tmp_path)}
     assert rows[doomed]["status"] == "failed" and "Worker" in rows[doomed]["reason"]
     assert [rows[s.run_id]["status"] for s in specs if s.run_id != doomed] == ["ok", "ok"]
+
+
+SEARCH_STUDY = parse_study({
+    "study": {"name": "s"},
+    "traces": [{"trace": "azure_conv", "window_s": [0.0, 15.0], "rate_scales": [1.0]}],
+    "models": {"names": ["gemma-3-12b"]},
+    "budgets": [{"gib": 4.0}],
+    "layouts": {"kinds": ["end_end", "oracle", "sglang"]},
+    "objectives": {"ttft_p90_s": 1.0},
+    "search": {"rate_scale_lo": 0.5, "rate_scale_hi": 16.0, "rel_tol": 0.25},
+})
+
+
+def test_the_parallel_search_gives_the_serial_searchs_rows_and_a_rerun_runs_nothing(tmp_path):
+    from unikv.sim.study.dataset import write_row
+    from unikv.sim.study.execute import execute
+    from unikv.sim.study.grid import expand
+    from unikv.sim.study.runner import search_rates
+
+    serial = tmp_path / "serial"
+    specs = expand(SEARCH_STUDY)
+    for spec in specs:
+        write_row(serial, execute(spec))
+    assert search_rates(SEARCH_STUDY, specs, serial, None, set()) > len(specs)  # the bisection ran points
+    parallel = tmp_path / "parallel"
+    outcome = run_study(SEARCH_STUDY, parallel)
+    want, got = _stable(read_rows(serial)), _stable(read_rows(parallel / ROWS))
+    assert got == want and outcome.executed == len(want)
+    again = run_study(SEARCH_STUDY, parallel)
+    assert again.executed == 0 and _stable(read_rows(parallel / ROWS)) == want

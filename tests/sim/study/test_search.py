@@ -53,3 +53,12 @@ def test_a_search_needs_objectives_and_an_increasing_range():
         parse_study({k: v for k, v in STUDY.items() if k != "objectives"})
     with pytest.raises(ValueError, match="rate_scale_lo"):
         parse_study(dict(STUDY, search={"rate_scale_lo": 4.0, "rate_scale_hi": 2.0}))
+
+
+def test_a_cell_whose_layout_does_not_apply_is_not_searched(tmp_path):
+    study = parse_study(dict(STUDY, layouts={"kinds": ["end_float_end"]}))  # gemma-3 has no mamba band
+    specs = expand(study)
+    for spec in specs:
+        write_row(tmp_path, execute(spec))
+    assert [r["status"] for r in read_rows(tmp_path)] == ["inapplicable"]
+    assert search_rates(study, specs, tmp_path, None, set()) == 0 and len(read_rows(tmp_path)) == 1
