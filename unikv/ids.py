@@ -76,7 +76,7 @@ class IdSpace:
             return
         if len(ids) <= SMALL:  # a few ids: Python steps beat numpy calls
             binds, stack = self.binds, self._stack
-            for v in ids if type(ids) is list else ids.tolist():
+            for v in ids if isinstance(ids, list) else ids.tolist():
                 left = binds[v] - 1
                 binds[v] = left
                 if left == 0:

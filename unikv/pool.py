@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -350,7 +350,8 @@ class UnifiedPool:
         page moves. ValueError (state unchanged) for a page out of range,
         the sink, a repeat, or a page not allocated."""
         self._require_tokens()
-        return self._free_live(self._live_page_array(pages, "free_pages", allow_sink=False))
+        # few_as_list is off: always the int64 array `_free_live` indexes with
+        return self._free_live(cast(np.ndarray, self._live_page_array(pages, "free_pages", allow_sink=False)))
 
     def _free_live(self, pages: np.ndarray) -> int:
         """Unbind allocated virtual `pages` on every token band still binding
@@ -416,7 +417,7 @@ class UnifiedPool:
                              "allocated (never allocated, or already freed)")
         return v if bound_v2p is None else v[bound_v2p[v] >= 0]
 
-    def _unbind(self, band, v_pages: np.ndarray) -> int:
+    def _unbind(self, band, v_pages: np.ndarray | list[int]) -> int:
         if len(v_pages) == 0:
             return 0
         return band.release(band.unbind(v_pages))

@@ -169,7 +169,7 @@ class BandAllocator:
         v2p, p2v = self.v2p, self.p2v
         if len(v_pages) <= SMALL:  # a few pages: Python steps beat numpy calls
             found = []
-            for v in v_pages if type(v_pages) is list else v_pages.tolist():
+            for v in v_pages if isinstance(v_pages, list) else v_pages.tolist():
                 p = int(v2p[v])
                 v2p[v] = p2v[p] = -1
                 found.append(p)
