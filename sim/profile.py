@@ -22,7 +22,7 @@ import bisect
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -53,17 +53,25 @@ class Grid:
     cols: tuple[float, ...]
     forward_s: tuple[tuple[float, ...], ...]
     filled: frozenset[tuple[int, int]] = frozenset()
+    _log_t: tuple[tuple[float, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __call__(self, row: float, col: float) -> tuple[float, bool]:
         """(seconds at (row, col), whether the point lies outside the grid's
         measured cells: beyond its axes, or in a cell a filled corner bounds)."""
         i, u, out_r = _cell(self.rows, row)
         j, v, out_c = _cell(self.cols, col)
-        t = self.forward_s
-        log_t = ((1 - u) * (1 - v) * math.log(t[i][j]) + u * (1 - v) * math.log(t[i + 1][j])
-                 + (1 - u) * v * math.log(t[i][j + 1]) + u * v * math.log(t[i + 1][j + 1]))
-        used = {(i + a, j + b) for a, wa in ((0, 1 - u), (1, u)) for b, wb in ((0, 1 - v), (1, v)) if wa * wb > 0}
-        return math.exp(log_t), out_r or out_c or bool(used & self.filled)
+        t = self._log_t
+        log_t = ((1 - u) * (1 - v) * t[i][j] + u * (1 - v) * t[i + 1][j]
+                 + (1 - u) * v * t[i][j + 1] + u * v * t[i + 1][j + 1])
+        outside = out_r or out_c
+        if self.filled and not outside:  # a corner with weight reads a filled cell
+            outside = any((i + a, j + b) in self.filled for a, wa in ((0, 1 - u), (1, u))
+                          for b, wb in ((0, 1 - v), (1, v)) if wa * wb > 0)
+        return math.exp(log_t), outside
+
+    def __post_init__(self) -> None:
+        # the log of every cell, once: each step's lookup reads four of them
+        object.__setattr__(self, "_log_t", tuple(tuple(math.log(x) for x in r) for r in self.forward_s))
 
 
 def _cell(axis: tuple[float, ...], x: float) -> tuple[int, float, bool]:
