@@ -6,15 +6,18 @@ and writes the pool through `unikv.tensors.KVViews` and the Triton
 paged-attention kernel. Decode steps go through `sim.real.graphs.DecodeGraphs`
 (one CUDA graph per batch-size bucket); prefill and mixed steps are packed
 `[1, T]` eager forwards, as the executor runs them. Each point is the median
-of `--reps` timed forwards (CUDA events) after a warm-up:
+of `--reps` timed forwards (CUDA events) after WARMUPS untimed ones:
 
 - decode: B requests at `context` tokens, one token each;
 - prefill: one chunk of `chunk` tokens over `cached` tokens already in the
   pool;
 - mixed: one chunk of `chunk` tokens (no cache) packed with B decoders at
   `--mixed-context` tokens;
-- non-forward time: the median host time of a decode step (alloc_decode,
-  window release, flush, translate, block tables) over the decode grid.
+- non-forward time: the real executor's own step time outside its forward
+  (batch build, flush and moves, reading the sampled tokens back),
+  measured on a replay of a calibration slice no validation cell replays
+  (`CALIBRATION`); `--calibrate-only` re-measures it into existing files
+  (after a change to the executor's host work).
 
 A point whose KV the GPU cannot hold beside the weights (the large-batch,
 long-context corner) is not measured: `sim.profile.fill_unmeasured`
@@ -50,12 +53,19 @@ from pathlib import Path
 import bench_real_decode as brd  # the decode case (this folder)
 from bench_real_decode import CONFIGS, PS, Case
 
-FIT = {"decode": ([1, 8, 32, 128, 256], [512, 2048, 8192, 32768]),
-       "prefill": ([256, 1024, 4096, 8192], [0, 2048, 8192, 32768]),
-       "mixed": ([256, 1024, 4096], [1, 16, 64, 256])}
-HELDOUT = {"decode": ([4, 64, 160], [1024, 4096, 12288]),
-           "prefill": ([512, 2048, 6144], [1024, 4096, 16384]),
-           "mixed": ([512, 2048], [4, 32, 128])}
+FIT = {"decode": ([1, 2, 4, 8, 16, 32, 64, 128, 256], [512, 2048, 8192, 32768]),
+       "prefill": ([128, 256, 512, 1024, 2048, 4096, 8192], [0, 2048, 8192, 32768]),
+       "mixed": ([256, 512, 1024, 2048, 4096, 8192], [1, 4, 16, 64, 256])}
+HELDOUT = {"decode": ([3, 12, 48, 192], [1024, 4096, 16384]),
+           "prefill": ([384, 1536, 6144], [1024, 4096, 16384]),
+           "mixed": ([384, 1536, 6144], [2, 8, 32, 128])}
+"""The grids: batch and chunk axes double (MoE expert touch and the host-bound
+small chunks bend between points a factor 4 apart); held-out points lie at
+the geometric middle of fitted cells."""
+CALIBRATION = dict(trace="mooncake_synthetic", max_requests=32, rate_scale=1.0, max_context_tokens=8192,
+                   kv_budget_gib=12.0)
+"""The slice the real executor replays to measure `non_forward_s`: a trace
+the end-to-end validation (benchmarks/validate_real.py) does not replay."""
 
 
 def pool_for(spec, placed, tokens: int, requests: int, unwindowed_tokens: int = 0):
@@ -71,7 +81,7 @@ def pool_for(spec, placed, tokens: int, requests: int, unwindowed_tokens: int = 
     window = min(tokens, spec.window_tokens or tokens)
     need = requests * ((tokens + 4 * PS) * spec.full_token_bytes + (window + 4 * PS) * spec.swa_token_bytes)
     need += (unwindowed_tokens + 4 * PS) * (spec.full_token_bytes + spec.swa_token_bytes)
-    budget = int(need * 1.3) + (1 << 30)
+    budget = int(need * 1.1) + (1 << 30)
     free = torch.cuda.mem_get_info()[0] if brd.DEVICE == "cuda" else 8 << 30
     if budget > free - (6 << 30):
         raise MemoryError(f"needs {budget / 2**30:.1f} GiB of KV, {free / 2**30:.1f} GiB free")
@@ -80,12 +90,18 @@ def pool_for(spec, placed, tokens: int, requests: int, unwindowed_tokens: int = 
     return pool, KVViews(pool, placed.kv)
 
 
-def timed(fn, reps: int) -> float:
-    """Median seconds of `fn()` over `reps` runs after one warm-up (CUDA
-    events; perf_counter on the CPU, --smoke)."""
+WARMUPS = 2
+"""Untimed runs before a point's timed ones (the first run of a shape
+compiles kernels and grows the allocator's blocks)."""
+
+
+def timed(fn, reps: int) -> list[float]:
+    """Seconds of `fn()` in each of `reps` runs after WARMUPS untimed ones
+    (CUDA events; perf_counter on the CPU, --smoke)."""
     import torch
 
-    fn()
+    for _ in range(WARMUPS):
+        fn()
     times = []
     for _ in range(reps):
         if brd.DEVICE != "cuda":
@@ -99,29 +115,29 @@ def timed(fn, reps: int) -> float:
         stop.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(stop) / 1e3)
-    return statistics.median(times)
+    return times
 
 
-def decode_point(lm, spec, placed, batch: int, context: int, reps: int, host: list) -> float:
-    """One decode step of `batch` requests at `context` through the bucket's
-    CUDA graph; the host work of each step goes to `host`."""
+def decode_point(lm, spec, placed, batch: int, context: int, reps: int) -> list[float]:
+    """Seconds of each of `reps` decode steps of `batch` requests at
+    `context` through the bucket's CUDA graph (after the capture and
+    WARMUPS untimed steps)."""
     import torch
     from unikv.sim.real.graphs import DecodeGraphs
 
-    pool, views = pool_for(spec, placed, context + reps + 4, batch)
+    pool, views = pool_for(spec, placed, context + WARMUPS + reps + 4, batch)
     case = Case(pool, views, spec, batch, context, brd.DEVICE)
     graphs = DecodeGraphs(lm, views, views.bands, device=brd.DEVICE, max_pages=-(-(context + 64) // PS) + 1)
     steps = []
     with torch.inference_mode():
         graphs.run(case.host_step())  # captures the bucket
-        for _ in range(reps):
-            h0 = time.perf_counter()
-            batch_in = case.host_step()
-            host.append(time.perf_counter() - h0)
-            steps.append(_replay(graphs, batch_in))
+        for k in range(WARMUPS + reps):
+            t = _replay(graphs, case.host_step())
+            if k >= WARMUPS:
+                steps.append(t)
     if brd.DEVICE == "cuda" and not graphs.stats()["captured"]:
         raise RuntimeError(f"decode batch {batch}: the graph was not captured ({graphs.stats()['failures']})")
-    return statistics.median(steps)
+    return steps
 
 
 def _replay(graphs, batch_in) -> float:
@@ -140,9 +156,10 @@ def _replay(graphs, batch_in) -> float:
     return start.elapsed_time(stop) / 1e3
 
 
-def packed_point(lm, spec, placed, chunk: int, cached: int, decoders: int, context: int, reps: int) -> float:
-    """One packed forward: a chunk of `chunk` tokens over `cached` cached
-    tokens, plus `decoders` requests at `context` decoding one token."""
+def packed_point(lm, spec, placed, chunk: int, cached: int, decoders: int, context: int, reps: int) -> list[float]:
+    """Seconds of each of `reps` packed forwards: a chunk of `chunk` tokens
+    over `cached` cached tokens, plus `decoders` requests at `context`
+    decoding one token."""
     import numpy as np
     import torch
     from unikv.sim.real.attention import StepContext, use_step
@@ -183,7 +200,9 @@ def packed_point(lm, spec, placed, chunk: int, cached: int, decoders: int, conte
     return timed(forward, reps)
 
 
-def measure(lm, spec, placed, grids, reps: int, mixed_context: int, host: list, heldout: bool) -> dict:
+def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: bool) -> dict:
+    """Every grid point's median forward seconds (each point's fastest,
+    median and slowest rep printed), unmeasurable cells filled."""
     import torch
     from unikv.sim.profile import fill_unmeasured
 
@@ -196,12 +215,14 @@ def measure(lm, spec, placed, grids, reps: int, mixed_context: int, host: list, 
                 t0 = time.perf_counter()
                 try:
                     if grid == "decode":
-                        t = decode_point(lm, spec, placed, r, c, reps, host)
+                        times = decode_point(lm, spec, placed, r, c, reps)
                     elif grid == "prefill":
-                        t = packed_point(lm, spec, placed, r, c, 0, 0, reps)
+                        times = packed_point(lm, spec, placed, r, c, 0, 0, reps)
                     else:
-                        t = packed_point(lm, spec, placed, r, 0, c, mixed_context, reps)
-                    print(f"{grid} {r} x {c}: {1e3 * t:.2f} ms ({time.perf_counter() - t0:.1f} s)", flush=True)
+                        times = packed_point(lm, spec, placed, r, 0, c, mixed_context, reps)
+                    t = statistics.median(times)
+                    print(f"{grid} {r} x {c}: {1e3 * t:.2f} ms (reps {1e3 * min(times):.2f} .. {1e3 * max(times):.2f}; "
+                          f"{time.perf_counter() - t0:.1f} s)", flush=True)
                 except (MemoryError, torch.cuda.OutOfMemoryError) as exc:
                     t = None
                     print(f"{grid} {r} x {c}: not measured, the GPU cannot hold it ({str(exc).splitlines()[0]})",
@@ -229,6 +250,29 @@ def measure(lm, spec, placed, grids, reps: int, mixed_context: int, host: list, 
     return out
 
 
+def non_forward(model: str) -> dict:
+    """The real executor's step time outside its forward, measured on the
+    CALIBRATION slice (decode through CUDA graphs, the measured clock): the
+    median over all steps, and over decode-only and prefill steps apart
+    (`sim.real.executor.non_forward_summary`)."""
+    from unikv.sim.config import RunConfig
+    from unikv.sim.run import run
+
+    dtype = "bf16" if brd.DEVICE == "cuda" else "fp32"
+    config = RunConfig(model=str(CONFIGS[model]), executor="real", device=brd.DEVICE, dtype=dtype,
+                       decode_graphs=brd.DEVICE == "cuda", real_clock="measured", trace_end_s=None,
+                       layout="end_end", compaction="lazy", oversize="reject", kv_cache_dtype=dtype, gpu="h200",
+                       seed=0, **CALIBRATION)
+    s = run(config).summary
+    got = {k: s[f"real_non_forward_s{k}_median"] for k in ("", "_decode", "_prefill")}
+    print(f"non-forward time on {CALIBRATION['trace']} ({s['real_steps']} steps): "
+          + ", ".join(f"{k or 'all'} {1e3 * v:.2f} ms" for k, v in got.items() if v is not None), flush=True)
+    return {"non_forward_s": got[""], "non_forward_method": (
+        f"the real executor's measured step minus its forward (CUDA events), median over the "
+        f"{s['real_steps']} steps of a replay of {CALIBRATION}, end_end, lazy, decode graphs; "
+        f"decode-only steps {got['_decode']!r} s, steps with a prefill chunk {got['_prefill']!r} s")}
+
+
 def provenance(command: str, revision: str) -> dict:
     import torch
     import transformers
@@ -254,16 +298,18 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", required=True, help="the bundled GPU name the profile is for (h200)")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--heldout", required=True, type=Path)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--mixed-context", type=int, default=2048)
     ap.add_argument("--revision", default="unknown", help="the git revision measured (the GPU machine has no git)")
+    ap.add_argument("--calibrate-only", action="store_true",
+                    help="measure only non_forward_s and write it into the existing --out and --heldout files")
     ap.add_argument("--smoke", type=Path, default=None, metavar="CONFIG",
                     help="check the script on the CPU: fp32, this (small) config, tiny grids")
     args = ap.parse_args(argv)
     import torch
     from unikv.sim.models import load_model
     from unikv.sim.real import attention, layers
-    from unikv.sim.real.model import build_model, torch_dtype
+    from unikv.sim.real import model as real_model
 
     dtype = "bf16"
     if args.smoke is not None:
@@ -272,6 +318,7 @@ def main(argv=None) -> int:
         FIT.update(decode=([1, 2], [16, 40]), prefill=([8, 16], [0, 24]), mixed=([8, 16], [1, 2]))
         args.mixed_context = min(args.mixed_context, 32)
         HELDOUT.update(decode=([1, 2], [24, 32]), prefill=([12, 16], [8, 16]), mixed=([12, 16], [1, 2]))
+        CALIBRATION.update(max_requests=4, max_context_tokens=96, kv_budget_gib=0.05)
         spec = load_model(str(args.smoke), kv_cache_dtype=dtype)
     elif not torch.cuda.is_available():
         print("error: profile_model needs a CUDA device", file=sys.stderr)
@@ -281,16 +328,32 @@ def main(argv=None) -> int:
         return 2
     else:
         spec = load_model(args.model)
-    lm = build_model(CONFIGS[args.model], dtype=dtype, device=brd.DEVICE, seed=0)
-    lm.set_attn_implementation(attention.register(mask=False))
-    placed = layers.model_layers(lm.config, torch_dtype(dtype))
+    if args.calibrate_only:
+        for path in (args.out, args.heldout):
+            if not path.exists():
+                print(f"error: --calibrate-only: {path} does not exist", file=sys.stderr)
+                return 2
+    lm = real_model.build_model(CONFIGS[args.model], dtype=dtype, device=brd.DEVICE, seed=0)
+    real_model.build_model = lambda *_a, **_k: lm  # the calibration replay runs on these weights too
+    calibrated = non_forward(args.model)
     command = "python benchmarks/profile_model.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.calibrate_only:
+        for path in (args.out, args.heldout):
+            profile = json.loads(path.read_text())
+            profile["non_forward_s"] = calibrated["non_forward_s"]
+            profile["provenance"].update(non_forward_method=calibrated["non_forward_method"],
+                                         non_forward_command=command, non_forward_revision=args.revision)
+            path.write_text(json.dumps(profile, indent=1) + "\n")
+            print(f"wrote non_forward_s into {path}", flush=True)
+        return 0
+    lm.set_attn_implementation(attention.register(mask=False))
+    placed = layers.model_layers(lm.config, real_model.torch_dtype(dtype))
     for path, grids in ((args.out, FIT), (args.heldout, HELDOUT)):
-        host: list = []
-        data = measure(lm, spec, placed, grids, args.reps, args.mixed_context, host, heldout=grids is HELDOUT)
+        data = measure(lm, spec, placed, grids, args.reps, args.mixed_context, heldout=grids is HELDOUT)
+        prov = provenance(command, args.revision)
+        prov["non_forward_method"] = calibrated["non_forward_method"]
         profile = {"format": "unikv-step-profile", "version": 1, "model": args.model, "gpu": args.gpu,
-                   "provenance": provenance(command, args.revision), "non_forward_s": statistics.median(host),
-                   "moe_touch": [], **data}
+                   "provenance": prov, "non_forward_s": calibrated["non_forward_s"], "moe_touch": [], **data}
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(profile, indent=1) + "\n")
         print(f"wrote {path}", flush=True)

@@ -64,9 +64,12 @@ class RealExecutor:
         self.graphs = graphs
         self.generated: dict[int, list[int]] = {}  # rid -> the model's tokens, in order
         self.step_s: list[float] = []  # measured seconds of each step
+        self.forward_s: list[float] = []  # of which the forward (CUDA events on CUDA; wall on the CPU)
+        self.decode_only: list[bool] = []  # whether each step decoded only (no prefill chunk)
         self.forward_tokens = 0  # tokens computed, prefill recomputations included
         self._pending: tuple[StepBatch, Any] | None = None
         self._t0 = 0.0
+        self._marks: tuple[Any, Any] = (None, None)  # the forward's start / end (events or perf_counter)
 
     def warm_up(self, max_batch: int) -> None:
         """What an engine does before it serves: one eager forward of a
@@ -98,15 +101,29 @@ class RealExecutor:
 
         self._t0 = time.perf_counter()
         batch = build_batch(plan, self.mem.pool, self.tokens, self.generated, self.bands, self.device)
+        start = self._mark()
         picks = None
         if self.graphs is not None and batch.layout == "padded":
             with torch.inference_mode():
                 picks = self.graphs.run(batch)  # None: no bucket fits, run it eagerly
         if picks is None:
             picks = self._forward(batch)
+        self._marks = (start, self._mark())
+        self.decode_only.append(batch.layout == "padded")
         self._pending = (batch, picks)
         self.forward_tokens += batch.num_tokens
         return self.mem.new_event(f"step {plan.index}")  # on CUDA: recorded after the forward
+
+    def _mark(self) -> Any:
+        """A point in the step's timeline: a CUDA event recorded on the
+        current stream (read after the step's sync), or the host clock."""
+        if not self.cuda:
+            return time.perf_counter()
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def _forward(self, batch: StepBatch) -> Any:
         """The eager forward of `batch`; returns the greedy token of each sampled row."""
@@ -132,6 +149,10 @@ class RealExecutor:
             torch.cuda.synchronize(self.device)  # the forward and the flush's moves
         measured = time.perf_counter() - self._t0
         self.step_s.append(measured)
+        start, end = self._marks
+        if start is not None:
+            self.forward_s.append(start.elapsed_time(end) / 1e3 if self.cuda else end - start)
+            self._marks = (None, None)
         if self._pending is not None:
             batch, picks = self._pending
             for r, t in zip(batch.samplers, picks.tolist()):
@@ -235,6 +256,24 @@ def _max_pages(hf_config, memory) -> int:
     return -(-tokens // memory.ps) + 1
 
 
+def non_forward_summary(executor: RealExecutor) -> dict:
+    """The measured step time outside the forward (batch build, flush and
+    its moves, the sampled tokens' read-back; the cost model's
+    `non_forward_s`): median seconds over decode-only steps, over steps
+    with a prefill chunk, and over all steps (None where there were none)."""
+    import statistics
+
+    rest = [s - f for s, f in zip(executor.step_s, executor.forward_s)]
+    kinds = list(zip(rest, executor.decode_only))
+
+    def median(values: list[float]) -> float | None:
+        return statistics.median(values) if values else None
+
+    return {"real_non_forward_s_median": median(rest),
+            "real_non_forward_s_decode_median": median([r for r, d in kinds if d]),
+            "real_non_forward_s_prefill_median": median([r for r, d in kinds if not d])}
+
+
 def executor_identity(config) -> dict:
     """What ran the steps, for the run's identity (summary.json)."""
     return {"executor": config.executor, "device": config.device,
@@ -249,7 +288,9 @@ def executor_summary(config, executor: RealExecutor) -> dict:
     steps = executor.step_s
     out = executor_identity(config)
     out.update({"real_steps": len(steps), "real_step_s_mean": sum(steps) / len(steps) if steps else None,
-                "real_step_s_total": sum(steps), "real_forward_tokens": executor.forward_tokens})
+                "real_step_s_total": sum(steps), "real_forward_tokens": executor.forward_tokens,
+                "real_forward_s_total": sum(executor.forward_s)})
+    out.update(non_forward_summary(executor))
     if executor.graphs is not None:
         stats = executor.graphs.stats()
         out.update(graph_steps=stats["steps"], graph_buckets=stats["buckets"], graph_captured=stats["captured"],

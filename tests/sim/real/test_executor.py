@@ -214,6 +214,13 @@ def test_the_measured_clock_advances_by_each_steps_measured_time(tmp_path, monke
     times = res.steps["step_time_s"].tolist()
     assert times == ex.step_s and all(t > 0 for t in times)
     assert res.summary["real_step_s_total"] == pytest.approx(sum(times))
+    # the forward is timed apart from the rest of the step (the cost model's non_forward_s)
+    assert len(ex.forward_s) == len(ex.decode_only) == len(times)
+    assert all(0 < f < t for f, t in zip(ex.forward_s, times))
+    assert ex.decode_only.count(True) == int((res.steps["prefill_tokens"] == 0).sum())
+    rest = sorted(t - f for t, f in zip(times, ex.forward_s))
+    assert rest[0] <= res.summary["real_non_forward_s_median"] <= rest[-1]
+    assert res.summary["real_forward_s_total"] == pytest.approx(sum(ex.forward_s))
 
 
 def test_a_layout_that_folds_the_window_layers_into_the_full_band(tmp_path, monkeypatch, one_thread):
