@@ -28,6 +28,7 @@ from unikv.sim.model_spec import (
     TokenKind,
     check_kv_cache_dtype,
 )
+from unikv.sim.model_weights import checkpoint_weight_bytes
 from unikv.sim.params import count_params
 
 __all__ = ["KV_CACHE_DTYPES", "STATE_DTYPES", "ModelSpec", "StateKind", "TokenKind", "list_models",
@@ -179,61 +180,16 @@ def _from_config_file(path: Path, state_dtype: str, kv_cache_dtype: str) -> Mode
     return dataclasses.replace(spec, sources=sources, model_type=model_type, **sizes, **_compute_fields(known))
 
 
-# Bytes per parameter of the dtypes a checkpoint declares (`torch_dtype` / `dtype`).
-_PARAM_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-
-
 def _counted_sizes(filled: dict) -> tuple[dict[str, Any], str]:
-    """ModelSpec size fields from the config itself (`sim.params.count_params`),
-    and where they came from (or why a field is left unknown)."""
+    """ModelSpec size fields from the config itself (`sim.params.count_params`,
+    `sim.model_weights`), and where they came from (or why a field is left unknown)."""
     try:
         counts = count_params(filled)
     except ValueError as exc:
         return {}, f"not counted: {exc}"
     out: dict[str, Any] = {"params_total": counts.total, "params_active": counts.active}
     why = "sim.params.count_params of the config (transformers' modules, checked against its meta-device count)"
-    dtype = str(filled.get("torch_dtype") or filled.get("dtype") or "")
-    quant = filled.get("quantization_config")
-    if dtype not in _PARAM_DTYPE_BYTES:
-        what = f"quantized checkpoint (quant_method {_quant_method(quant)!r}) without a" if quant else "the"
-        return out, f"{why}; weight bytes unknown: {what} torch_dtype {dtype or None!r} is not one of " \
-                    f"{sorted(_PARAM_DTYPE_BYTES)}"
-    if quant:
-        weight, how = _quantized_weight_bytes(counts, quant, _PARAM_DTYPE_BYTES[dtype])
-        if weight is not None:
-            out["weight_bytes"] = weight
-        return out, f"{why}; {how}"
-    out["weight_bytes"] = counts.total * _PARAM_DTYPE_BYTES[dtype]
-    return out, f"{why}; weight bytes = params_total x {_PARAM_DTYPE_BYTES[dtype]} ({dtype})"
-
-
-def _quant_method(quant) -> Any:
-    """A `quantization_config`'s `quant_method` (the value itself when it is not an object)."""
-    return quant.get("quant_method") if isinstance(quant, dict) else quant
-
-
-def _quantized_weight_bytes(counts, quant, dtype_bytes: int) -> tuple[int | None, str]:
-    """Stored weight bytes of a quantized checkpoint, and how they were found.
-
-    Only block-wise fp8 (`quant_method` "fp8" with `weight_block_size`, as
-    DeepSeek-V3 / Kimi-K2 ship it) is derived: the decoder's projections at
-    1 byte plus one fp32 scale per block, the embeddings and norms at the
-    model dtype. The routers and the attention norms, counted with the
-    projections, are a few hundredths of a percent of the total. Any other
-    method is left unknown, named.
-    """
-    method = _quant_method(quant)
-    block = quant.get("weight_block_size") if isinstance(quant, dict) else None
-    if method != "fp8" or not (isinstance(block, list) and len(block) == 2
-                               and all(isinstance(b, int) and b > 0 for b in block)):
-        return None, f"weight bytes unknown: quantized checkpoint (quant_method {method!r})"
-    projections = counts.attention + counts.mlp + counts.routed_experts + counts.recurrent
-    scales = -(-projections // (block[0] * block[1])) * 4
-    kept = (counts.embedding + counts.norms) * dtype_bytes
-    return projections + scales + kept, (
-        f"weight bytes = projections x 1 (fp8) + one fp32 scale per {block[0]}x{block[1]} block + "
-        f"embeddings and norms x {dtype_bytes} (routers and attention norms counted as fp8: "
-        "within 0.1 %)")
-
-
-
+    weight, how = checkpoint_weight_bytes(filled, counts)
+    if weight is not None:
+        out["weight_bytes"] = weight
+    return out, f"{why}; {how}"
