@@ -105,3 +105,10 @@ def test_kept_by_pattern_agrees_with_transformers():
         for name in names:
             assert kept_by_pattern(name, [pattern]) is not utils.should_convert_module(name, [pattern]), \
                 (pattern, name)
+
+
+@pytest.mark.parametrize("size", sorted(GPT_OSS_TOTAL_SIZE))
+def test_bundled_gpt_oss_weight_bytes_are_the_derived_checkpoint_bytes(size):
+    from unikv.sim.models import load_model
+    weight, _ = _bytes(_filled(f"openai--gpt-oss-{size}"))
+    assert load_model(f"gpt-oss-{size}").weight_bytes == weight
