@@ -27,6 +27,7 @@ from unikv.sim.model_spec import (
     StateKind,
     TokenKind,
     check_kv_cache_dtype,
+    kv_token_bytes,
 )
 from unikv.sim.model_weights import checkpoint_weight_bytes
 from unikv.sim.params import count_params
@@ -81,8 +82,8 @@ def load_model(name_or_path: str | Path, *, state_dtype: str = "bf16",
             state bf16, SSM / recurrent state fp32; SGLang's default). A
             config's declared `mamba_ssm_cache_dtype` / `mamba_ssm_dtype`
             wins (bundled names keep models.json's two figures).
-        kv_cache_dtype: "bf16", "fp8_e4m3" or "fp8_e5m2" (fp4 is refused:
-            docs/models.md, "Dtypes").
+        kv_cache_dtype: "bf16", "fp8_e4m3", "fp8_e5m2", or fp4 ("fp4_e2m1",
+            "nvfp4": K/V layers with equal K and V head dims; docs/models.md, "Dtypes").
 
     Raises:
         ValueError: unknown name (listing the valid ones), a missing file, a
@@ -109,10 +110,9 @@ _ENTRY_STATE_KINDS = {"lightning_linear_attention": "lightning"}
 
 def _from_entry(entry: dict, params: dict, state_dtype: str, kv_cache_dtype: str) -> ModelSpec:
     by_type, pools = entry["layers_by_type"], entry["attention_pools"]
-    elem = KV_CACHE_DTYPES[kv_cache_dtype]
     tokens = tuple(
         TokenKind(name=kind, layers=by_type[pool], window_tokens=pools[pool].get("window_tokens"),
-                  bytes_per_token_per_layer=pools[pool]["kv_bytes_per_token_per_layer"] // 2 * elem,
+                  bytes_per_token_per_layer=_entry_kv_bytes(entry["id"], pool, pools[pool], kv_cache_dtype),
                   dtype=kv_cache_dtype)
         for pool, kind in _ENTRY_TOKEN_KINDS.items() if by_type.get(pool))
     dtypes = ("bf16", "fp32") if state_dtype == "fp32_ssm" else ("bf16", "bf16")
@@ -129,6 +129,15 @@ def _from_entry(entry: dict, params: dict, state_dtype: str, kv_cache_dtype: str
         meta_tokens=entry.get("meta_tokens", 0), architecture=entry.get("architecture"),
         model_type=entry.get("model_type"), kv_cache_dtype=kv_cache_dtype,
         sources=sources | _param_sources(params), **_param_fields(params), **_compute_fields(entry["id"]))
+
+
+def _entry_kv_bytes(name: str, pool: str, geometry: dict, kv_cache_dtype: str) -> int:
+    """One token's K + V bytes in one layer of a bundled model's pool, scales included."""
+    try:
+        return kv_token_bytes(geometry["num_kv_heads"], geometry["head_dim_k"], geometry["head_dim_v"],
+                              kv_cache_dtype)
+    except ValueError as exc:
+        raise ValueError(f"model {name!r}, {pool} layers: {exc}") from None
 
 
 def _param_fields(params: dict) -> dict[str, Any]:
