@@ -121,6 +121,8 @@ def render(report: dict[str, Any]) -> str:
               f"dtypes: kv cache {dtypes['kv_cache']}, conv state {dtypes['conv_state']}, "
               f"ssm state {dtypes['ssm_state']}",
               f"parameters: {size}",
+              "weights: " + (f"{params['weight_bytes']:,} B" if params["weight_bytes"] is not None
+                             else "unknown (see the model's sources)"),
               "layouts and baselines that apply: "
               + (", ".join(report["applicable_layouts"]) or "none (no token band)")]
     return "\n".join(line for line in lines if line)
