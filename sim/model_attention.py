@@ -16,6 +16,8 @@
   (`head_dim = index_head_dim + index_head_dim // 128 * 4`, uint8;
   `vllm/model_executor/models/deepseek_v2.py`), SGLang `NSATokenToKVPool`
   (`index_k_with_scale_buffer`).
+- fp4 KV (`fp4_e2m1`, `nvfp4`): K/V layers only, `model_spec.kv_token_bytes`
+  (e2m1 values and a scale byte per 16); MLA latents in fp4 are refused.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from unikv.sim.model_spec import KV_CACHE_DTYPES, TokenKind
+from unikv.sim.model_spec import FP4_KV_CACHE_DTYPES, TokenKind, kv_token_bytes
 
 if TYPE_CHECKING:
     from unikv.sim.model_configs import ConfigReader
@@ -46,7 +48,7 @@ def token_kinds(c: ConfigReader, counts: Counter, kv_dtype: str) -> tuple[TokenK
         window = c.need(*keys, what=f"the {windowed} layers' window")
         kinds.append(TokenKind(name="chunked" if windowed == "chunked" else "sliding_window",
                                layers=counts[windowed], window_tokens=window, dtype=kv_dtype,
-                               bytes_per_token_per_layer=kv_elems(c, "swa") * KV_CACHE_DTYPES[kv_dtype]))
+                               bytes_per_token_per_layer=kv_bytes(c, "swa", kv_dtype)))
     return tuple(kinds)
 
 
@@ -56,7 +58,7 @@ def is_mla(c: ConfigReader) -> bool:
 
 def _full_kinds(c: ConfigReader, layers: int, kv_dtype: str) -> list[TokenKind]:
     if not is_mla(c):
-        nbytes = kv_elems(c, "full") * KV_CACHE_DTYPES[kv_dtype]
+        nbytes = kv_bytes(c, "full", kv_dtype)
         return [TokenKind(name="full_attention", layers=layers, bytes_per_token_per_layer=nbytes,
                           dtype=kv_dtype)]
     indexed = c.has("index_head_dim")
@@ -92,6 +94,11 @@ def _indexer_layers(c: ConfigReader, layers: int) -> int:
 def _mla_latent(c: ConfigReader, layers: int, kv_dtype: str, *, sparse: bool) -> TokenKind:
     what = "the MLA latent"
     rank, rope = c.need("kv_lora_rank", what=what), c.need("qk_rope_head_dim", what=what)
+    if kv_dtype in FP4_KV_CACHE_DTYPES:
+        raise ValueError(f"config {c.name!r}: kv_cache_dtype={kv_dtype!r} for an MLA latent is not "
+                         "described: SGLang's MLATokenToKVPoolFP4 keeps (kv_lora_rank + "
+                         "qk_rope_head_dim) / 2 bytes plus one scale byte per 16, but vLLM defines "
+                         "no fp4 MLA layout, and one ModelSpec serves every layout")
     if kv_dtype == "bf16":
         nbytes, dtype = (rank + rope) * 2, "bf16"
     elif not sparse:
@@ -114,11 +121,21 @@ def _indexer_keys(c: ConfigReader, layers: int) -> TokenKind:
                      bytes_per_token_per_layer=dim + dim // _SCALE_BLOCK * 4)
 
 
-def kv_elems(c: ConfigReader, kind: str) -> int:
-    """K + V elements of one token in one layer of `kind` ("full" or "swa"/"chunked")."""
+def kv_bytes(c: ConfigReader, kind: str, kv_dtype: str) -> int:
+    """K + V bytes of one token in one layer of `kind` ("full" or "swa"/"chunked"),
+    scales included (`model_spec.kv_token_bytes`); an fp4 layout that cannot be
+    pinned is refused naming the config."""
+    try:
+        return kv_token_bytes(*kv_geometry(c, kind), kv_dtype)
+    except ValueError as exc:
+        raise ValueError(f"config {c.name!r}, {kind} layers: {exc}") from None
+
+
+def kv_geometry(c: ConfigReader, kind: str) -> tuple[int, int, int]:
+    """(KV heads, K head dim, V head dim) of one layer of `kind` ("full" or "swa"/"chunked")."""
     what = "the attention layers' KV bytes"
     if c.model_type.startswith("hymba"):
-        return _hymba_kv_elems(c)
+        return _hymba_kv_geometry(c)
     heads = c.need("num_attention_heads", what=what)
     kv_heads = c.get("num_key_value_heads", default=heads)
     head_k = c.get("head_dim", "attention_head_dim")
@@ -134,11 +151,11 @@ def kv_elems(c: ConfigReader, kind: str) -> int:
         kv_heads = c.get("swa_num_key_value_heads", default=kv_heads)
         head_v = c.get("swa_v_head_dim", "swa_head_dim", default=head_v)
         head_k = c.get("swa_head_dim", default=head_k)
-    return kv_heads * (head_k + head_v)
+    return kv_heads, head_k, head_v
 
 
-def _hymba_kv_elems(c: ConfigReader) -> int:
-    """K + V elements of one token in one KV-storing Hymba layer (full and sliding alike)."""
+def _hymba_kv_geometry(c: ConfigReader) -> tuple[int, int, int]:
+    """(KV heads, K head dim, V head dim) of one KV-storing Hymba layer (full and sliding alike)."""
     what = "Hymba's attention KV bytes"
     heads = c.need("num_attention_heads", what=what)
     kv_heads = c.need("num_key_value_heads", what=what)
@@ -150,4 +167,4 @@ def _hymba_kv_elems(c: ConfigReader) -> int:
     head_v = c.get("v_head_dim", default=-1)
     head_k = head_k if head_k > 0 else head  # -1: attn_hidden_size / num_attention_heads
     head_v = head_v if head_v > 0 else head
-    return kv_heads * (head_k + head_v)
+    return kv_heads, head_k, head_v

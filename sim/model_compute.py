@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from unikv.sim.model_spec import KV_CACHE_DTYPES, ModelSpec
+from unikv.sim.model_spec import FP4_KV_CACHE_DTYPES, KV_CACHE_DTYPES, ModelSpec, kv_token_bytes
 
 EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts")
 PER_TOKEN = ("num_experts_per_tok", "experts_per_token", "top_k_experts")  # the last: Gemma-4 (params._gemma4)
@@ -40,8 +40,7 @@ def attention_pairs(config: Mapping[str, Any], spec: ModelSpec) -> tuple[tuple[i
         return None, "no attention term: MLA or no head_dim (the plain rule does not describe it)"
     full = window = 0
     for kind in spec.token_kinds:
-        elt = KV_CACHE_DTYPES.get(kind.dtype)
-        if elt is None or kind.bytes_per_token_per_layer != kv * 2 * head_dim * elt:
+        if kind.bytes_per_token_per_layer != _kv_bytes_or_none(kv, head_dim, kind.dtype):
             return None, (f"no attention term: layer kind {kind.name!r} holds {kind.bytes_per_token_per_layer} "
                           f"bytes per token per layer, not {kv} KV heads x 2 x head_dim {head_dim} "
                           "(per-kind heads or dims, or asymmetric K / V)")
@@ -73,3 +72,13 @@ def compute_fields(config: Mapping[str, Any], spec: ModelSpec, *, routed: bool) 
             out.update(routed_experts=experts, experts_per_token=per_token)
             why += f"; MoE: {per_token} of {experts} routed experts per token"
     return out, why
+
+
+def _kv_bytes_or_none(kv_heads: int, head_dim: int, dtype: str) -> int | None:
+    """K + V bytes of a plain `kv_heads x head_dim` layer in `dtype` (None: not a K/V dtype)."""
+    if dtype not in KV_CACHE_DTYPES and dtype not in FP4_KV_CACHE_DTYPES:
+        return None
+    try:
+        return kv_token_bytes(kv_heads, head_dim, head_dim, dtype)
+    except ValueError:
+        return None

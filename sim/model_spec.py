@@ -19,9 +19,13 @@ from typing import Any
 # scales (vLLM / SGLang fp8 `k_scale`, `v_scale`) are per layer, not per
 # token, so an fp8 element costs one byte.
 KV_CACHE_DTYPES = {"bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp32": 4}  # fp32: the real executor's CPU tests
-# fp4 KV caches (vLLM `nvfp4`, SGLang `fp4_e2m1`) keep per-block scales whose
-# layout is not pinned here: refused by name (docs/models.md, "Dtypes").
-REFUSED_KV_CACHE_DTYPES = ("fp4", "fp4_e2m1", "nvfp4", "mxfp4")
+# fp4 KV caches: e2m1 values, two per byte, plus one 1-byte scale per 16
+# values of each head (SGLang `--kv-cache-dtype fp4_e2m1`: `MHATokenToKVPoolFP4`;
+# vLLM `nvfp4`: `nvfp4_kv_cache_full_dim`); the global scale is per layer.
+FP4_KV_CACHE_DTYPES = ("fp4_e2m1", "nvfp4")
+FP4_SCALE_BLOCK = 16
+# Named fp4 variants with no engine KV layout pinned: refused by name.
+REFUSED_KV_CACHE_DTYPES = ("fp4", "mxfp4")
 STATE_ELEMENT_DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}
 STATE_DTYPES = ("bf16", "fp32_ssm")
 TOKEN_KIND_NAMES = ("full_attention", "mla_latent", "indexer_keys", "sliding_window", "chunked")
@@ -31,13 +35,38 @@ AUXILIARY_TOKEN_KINDS = ("indexer_keys",)  # stored in layers another kind alrea
 
 def check_kv_cache_dtype(value: object) -> str:
     """`value` if it is a supported KV-cache dtype; else ValueError naming it."""
+    supported = sorted(KV_CACHE_DTYPES) + list(FP4_KV_CACHE_DTYPES)
     if value in REFUSED_KV_CACHE_DTYPES:
-        raise ValueError(f"kv_cache_dtype={value!r} is refused: fp4 KV caches (vLLM nvfp4, "
-                         "SGLang fp4_e2m1) store per-block scales whose byte layout is not "
-                         f"described yet; supported: {sorted(KV_CACHE_DTYPES)}")
-    if value not in KV_CACHE_DTYPES:
-        raise ValueError(f"kv_cache_dtype={value!r} is not one of {sorted(KV_CACHE_DTYPES)}")
+        raise ValueError(f"kv_cache_dtype={value!r} is refused: no engine KV-cache layout is pinned "
+                         f"for it (the fp4 layouts are {list(FP4_KV_CACHE_DTYPES)}); supported: {supported}")
+    if value not in KV_CACHE_DTYPES and value not in FP4_KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype={value!r} is not one of {supported}")
     return str(value)
+
+
+def kv_token_bytes(kv_heads: int, head_k: int, head_v: int, dtype: str) -> int:
+    """Bytes of one token's K and V in one attention layer, scales included.
+
+    Integral dtypes: `kv_heads x (head_k + head_v) x` element bytes. fp4
+    (`FP4_KV_CACHE_DTYPES`): each head's K (and V) packs `head / 2` bytes of
+    e2m1 values and `head / 16` scale bytes (SGLang
+    `python/sglang/srt/mem_cache/memory_pool.py` `MHATokenToKVPoolFP4._create_buffers`;
+    vLLM `vllm/utils/torch_utils.py` `nvfp4_kv_cache_full_dim`).
+
+    Raises:
+        ValueError: fp4 with K and V head dims that differ (both engines size V
+            with K's head dim) or a head dim that is not a multiple of 16.
+    """
+    if dtype not in FP4_KV_CACHE_DTYPES:
+        return kv_heads * (head_k + head_v) * KV_CACHE_DTYPES[check_kv_cache_dtype(dtype)]
+    if head_k != head_v:
+        raise ValueError(f"kv_cache_dtype={dtype!r} with K head_dim {head_k} and V head_dim {head_v}: "
+                         "the engines' fp4 KV pools size V with K's head dim (SGLang "
+                         "MHATokenToKVPoolFP4, vLLM nvfp4), so unequal dims are not described")
+    if head_k % FP4_SCALE_BLOCK:
+        raise ValueError(f"kv_cache_dtype={dtype!r} with head_dim {head_k}: fp4 keeps one scale per "
+                         f"{FP4_SCALE_BLOCK} values, and {head_k} is not a multiple of {FP4_SCALE_BLOCK}")
+    return kv_heads * 2 * (head_k // 2 + head_k // FP4_SCALE_BLOCK)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,7 +27,9 @@ from unikv.sim.model_spec import (
     StateKind,
     TokenKind,
     check_kv_cache_dtype,
+    kv_token_bytes,
 )
+from unikv.sim.model_weights import checkpoint_weight_bytes
 from unikv.sim.params import count_params
 
 __all__ = ["KV_CACHE_DTYPES", "STATE_DTYPES", "ModelSpec", "StateKind", "TokenKind", "list_models",
@@ -80,8 +82,8 @@ def load_model(name_or_path: str | Path, *, state_dtype: str = "bf16",
             state bf16, SSM / recurrent state fp32; SGLang's default). A
             config's declared `mamba_ssm_cache_dtype` / `mamba_ssm_dtype`
             wins (bundled names keep models.json's two figures).
-        kv_cache_dtype: "bf16", "fp8_e4m3" or "fp8_e5m2" (fp4 is refused:
-            docs/models.md, "Dtypes").
+        kv_cache_dtype: "bf16", "fp8_e4m3", "fp8_e5m2", or fp4 ("fp4_e2m1",
+            "nvfp4": K/V layers with equal K and V head dims; docs/models.md, "Dtypes").
 
     Raises:
         ValueError: unknown name (listing the valid ones), a missing file, a
@@ -108,10 +110,9 @@ _ENTRY_STATE_KINDS = {"lightning_linear_attention": "lightning"}
 
 def _from_entry(entry: dict, params: dict, state_dtype: str, kv_cache_dtype: str) -> ModelSpec:
     by_type, pools = entry["layers_by_type"], entry["attention_pools"]
-    elem = KV_CACHE_DTYPES[kv_cache_dtype]
     tokens = tuple(
         TokenKind(name=kind, layers=by_type[pool], window_tokens=pools[pool].get("window_tokens"),
-                  bytes_per_token_per_layer=pools[pool]["kv_bytes_per_token_per_layer"] // 2 * elem,
+                  bytes_per_token_per_layer=_entry_kv_bytes(entry["id"], pool, pools[pool], kv_cache_dtype),
                   dtype=kv_cache_dtype)
         for pool, kind in _ENTRY_TOKEN_KINDS.items() if by_type.get(pool))
     dtypes = ("bf16", "fp32") if state_dtype == "fp32_ssm" else ("bf16", "bf16")
@@ -128,6 +129,15 @@ def _from_entry(entry: dict, params: dict, state_dtype: str, kv_cache_dtype: str
         meta_tokens=entry.get("meta_tokens", 0), architecture=entry.get("architecture"),
         model_type=entry.get("model_type"), kv_cache_dtype=kv_cache_dtype,
         sources=sources | _param_sources(params), **_param_fields(params), **_compute_fields(entry["id"]))
+
+
+def _entry_kv_bytes(name: str, pool: str, geometry: dict, kv_cache_dtype: str) -> int:
+    """One token's K + V bytes in one layer of a bundled model's pool, scales included."""
+    try:
+        return kv_token_bytes(geometry["num_kv_heads"], geometry["head_dim_k"], geometry["head_dim_v"],
+                              kv_cache_dtype)
+    except ValueError as exc:
+        raise ValueError(f"model {name!r}, {pool} layers: {exc}") from None
 
 
 def _param_fields(params: dict) -> dict[str, Any]:
@@ -179,61 +189,16 @@ def _from_config_file(path: Path, state_dtype: str, kv_cache_dtype: str) -> Mode
     return dataclasses.replace(spec, sources=sources, model_type=model_type, **sizes, **_compute_fields(known))
 
 
-# Bytes per parameter of the dtypes a checkpoint declares (`torch_dtype` / `dtype`).
-_PARAM_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-
-
 def _counted_sizes(filled: dict) -> tuple[dict[str, Any], str]:
-    """ModelSpec size fields from the config itself (`sim.params.count_params`),
-    and where they came from (or why a field is left unknown)."""
+    """ModelSpec size fields from the config itself (`sim.params.count_params`,
+    `sim.model_weights`), and where they came from (or why a field is left unknown)."""
     try:
         counts = count_params(filled)
     except ValueError as exc:
         return {}, f"not counted: {exc}"
     out: dict[str, Any] = {"params_total": counts.total, "params_active": counts.active}
     why = "sim.params.count_params of the config (transformers' modules, checked against its meta-device count)"
-    dtype = str(filled.get("torch_dtype") or filled.get("dtype") or "")
-    quant = filled.get("quantization_config")
-    if dtype not in _PARAM_DTYPE_BYTES:
-        what = f"quantized checkpoint (quant_method {_quant_method(quant)!r}) without a" if quant else "the"
-        return out, f"{why}; weight bytes unknown: {what} torch_dtype {dtype or None!r} is not one of " \
-                    f"{sorted(_PARAM_DTYPE_BYTES)}"
-    if quant:
-        weight, how = _quantized_weight_bytes(counts, quant, _PARAM_DTYPE_BYTES[dtype])
-        if weight is not None:
-            out["weight_bytes"] = weight
-        return out, f"{why}; {how}"
-    out["weight_bytes"] = counts.total * _PARAM_DTYPE_BYTES[dtype]
-    return out, f"{why}; weight bytes = params_total x {_PARAM_DTYPE_BYTES[dtype]} ({dtype})"
-
-
-def _quant_method(quant) -> Any:
-    """A `quantization_config`'s `quant_method` (the value itself when it is not an object)."""
-    return quant.get("quant_method") if isinstance(quant, dict) else quant
-
-
-def _quantized_weight_bytes(counts, quant, dtype_bytes: int) -> tuple[int | None, str]:
-    """Stored weight bytes of a quantized checkpoint, and how they were found.
-
-    Only block-wise fp8 (`quant_method` "fp8" with `weight_block_size`, as
-    DeepSeek-V3 / Kimi-K2 ship it) is derived: the decoder's projections at
-    1 byte plus one fp32 scale per block, the embeddings and norms at the
-    model dtype. The routers and the attention norms, counted with the
-    projections, are a few hundredths of a percent of the total. Any other
-    method is left unknown, named.
-    """
-    method = _quant_method(quant)
-    block = quant.get("weight_block_size") if isinstance(quant, dict) else None
-    if method != "fp8" or not (isinstance(block, list) and len(block) == 2
-                               and all(isinstance(b, int) and b > 0 for b in block)):
-        return None, f"weight bytes unknown: quantized checkpoint (quant_method {method!r})"
-    projections = counts.attention + counts.mlp + counts.routed_experts + counts.recurrent
-    scales = -(-projections // (block[0] * block[1])) * 4
-    kept = (counts.embedding + counts.norms) * dtype_bytes
-    return projections + scales + kept, (
-        f"weight bytes = projections x 1 (fp8) + one fp32 scale per {block[0]}x{block[1]} block + "
-        f"embeddings and norms x {dtype_bytes} (routers and attention norms counted as fp8: "
-        "within 0.1 %)")
-
-
-
+    weight, how = checkpoint_weight_bytes(filled, counts)
+    if weight is not None:
+        out["weight_bytes"] = weight
+    return out, f"{why}; {how}"

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from unikv.sim.layouts import applicable_kinds
-from unikv.sim.model_spec import KV_CACHE_DTYPES, STATE_DTYPES, ModelSpec
+from unikv.sim.model_spec import FP4_KV_CACHE_DTYPES, KV_CACHE_DTYPES, STATE_DTYPES, ModelSpec
 from unikv.sim.models import list_models, load_model
 
 
@@ -43,7 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     desc = sub.add_parser("describe", help="bytes per token and per request of one model")
     desc.add_argument("model", help="a bundled model name or a config.json path")
     desc.add_argument("--kv-cache-dtype", default="bf16",
-                      help=f"KV-cache dtype, one of {sorted(KV_CACHE_DTYPES)} (default bf16)")
+                      help=f"KV-cache dtype, one of {sorted(KV_CACHE_DTYPES) + list(FP4_KV_CACHE_DTYPES)} "
+                           "(default bf16)")
     desc.add_argument("--state-dtype", default="bf16",
                       help=f"state dtypes where the config declares none, one of {list(STATE_DTYPES)}")
     desc.add_argument("--json", action="store_true", help="print JSON")
@@ -120,6 +121,8 @@ def render(report: dict[str, Any]) -> str:
               f"dtypes: kv cache {dtypes['kv_cache']}, conv state {dtypes['conv_state']}, "
               f"ssm state {dtypes['ssm_state']}",
               f"parameters: {size}",
+              "weights: " + (f"{params['weight_bytes']:,} B" if params["weight_bytes"] is not None
+                             else "unknown (see the model's sources)"),
               "layouts and baselines that apply: "
               + (", ".join(report["applicable_layouts"]) or "none (no token band)")]
     return "\n".join(line for line in lines if line)

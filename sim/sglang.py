@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from unikv.sim.model_spec import band_view
+from unikv.sim.model_spec import FP4_KV_CACHE_DTYPES, band_view
 from unikv.sim.models import ModelSpec
 
 SOURCES = {
@@ -175,6 +175,12 @@ def unsupported_reason(model: ModelSpec) -> str | None:
     if model.state_layers and arch not in MAMBA_ARCHS:
         return (f"SGLang has no mamba state pool for {arch} (model {model.name!r}; "
                 "hybrid_arch.mambaish_config)")
+    split = model.state_layers or (model.swa_layers and arch in HYBRID_SWA_ARCHS)
+    if model.kv_cache_dtype in FP4_KV_CACHE_DTYPES and split:
+        return (f"kv_cache_dtype={model.kv_cache_dtype!r} on {arch} (model {model.name!r}): SGLang "
+                "builds its fp4 pool (MHATokenToKVPoolFP4, with scale buffers) only for a plain "
+                "token pool (model_runner_kv_cache_mixin._init_pools); its window and mamba-hybrid "
+                "pools (SWAKVPool, HybridLinearKVPool) are other classes whose fp4 bytes are not pinned")
     return None
 
 

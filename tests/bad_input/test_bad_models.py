@@ -28,7 +28,10 @@ def test_deepseek_v4_is_refused_by_architecture_and_field(tmp_path):
 
 def test_bad_and_fp4_kv_cache_dtypes(tmp_path):
     _refused(tmp_path, ["llama-3.1-8b", "--kv-cache-dtype", "int8"], "kv_cache_dtype", "int8", "bf16")
-    _refused(tmp_path, ["llama-3.1-8b", "--kv-cache-dtype", "nvfp4"], "nvfp4", "per-block scales")
+    _refused(tmp_path, ["llama-3.1-8b", "--kv-cache-dtype", "mxfp4"], "mxfp4", "no engine KV-cache layout")
+    # fp4 where the engines' layout cannot be pinned: refused naming the model and the head dims
+    _refused(tmp_path, ["hymba-1.5b-base", "--kv-cache-dtype", "nvfp4"], "hymba-1.5b-base", "head_dim 64",
+             "V head_dim 128")
 
 
 def test_bad_state_dtype(tmp_path):

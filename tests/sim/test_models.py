@@ -57,9 +57,9 @@ def test_path_matching_a_bundled_config_gets_its_name_and_params(tmp_path):
     copy = shutil.copy(SHARED / "models/configs/openai--gpt-oss-120b_config.json", tmp_path / "config.json")
     other = load_model(str(copy))
     # a model folder's config.json takes the folder's name; its sizes are counted from the file
-    # (sim.params), and its weight bytes left unknown: the checkpoint is MXFP4-quantized
+    # (sim.params), its weight bytes from its MXFP4 layout (sim.model_weights)
     assert other.name == tmp_path.name and other.params_total == 116_829_156_672
-    assert other.weight_bytes is None and "quantized" in other.sources["params"]
+    assert other.weight_bytes == 65_248_815_744 and "MXFP4" in other.sources["params"]
     assert other.max_context_tokens == 131072 and other.swa_token_bytes == spec.swa_token_bytes
 
 

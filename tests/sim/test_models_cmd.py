@@ -37,6 +37,19 @@ def test_describe_text_of_a_bundled_three_band_model(capsys):
     assert out.rstrip().endswith("apply: fixed_ratio, end_float_end, oracle")
 
 
+def test_describe_text_of_an_mxfp4_config_folder_with_fp4_kv(capsys, tmp_path):
+    folder = tmp_path / "gpt-oss-20b"
+    folder.mkdir()
+    (folder / "config.json").write_text((CONFIGS / "openai--gpt-oss-20b_config.json").read_text())
+    rc, out = _run(capsys, "describe", folder, "--kv-cache-dtype", "nvfp4")
+    assert rc == 0 and "weights: 13,761,264,768 B" in out
+    assert "full_attention   12 layers x 576 B = 6,912 B/token (nvfp4, band full)" in out
+    llama = json.loads((CONFIGS / "meta-llama--Meta-Llama-3.1-8B_config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(llama | {"quantization_config": {"quant_method": "awq"}}))
+    rc, out = _run(capsys, "describe", folder)
+    assert rc == 0 and "weights: unknown" in out
+
+
 def test_list_names_every_bundled_model(capsys):
     rc, out = _run(capsys, "list", "--json")
     rows = json.loads(out)
