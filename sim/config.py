@@ -125,7 +125,8 @@ class RunConfig:
         rate_scale: replay k times faster (>1) or slower (<1).
         max_requests: keep only the first N requests.
         model: a bundled model name or a Hugging Face config.json path.
-        kv_cache_dtype: the KV cache's dtype: "bf16", "fp8_e4m3" or "fp8_e5m2"
+        kv_cache_dtype: the KV cache's dtype: "bf16", "fp8_e4m3", "fp8_e5m2", "fp32",
+            or an fp4 layout an engine pins ("fp4_e2m1": SGLang, "nvfp4": vLLM)
             (`sim.models.load_model`; docs/models.md, "Dtypes").
         kv_budget_gib: bytes of the shared KV buffer, GiB.
         page_size: tokens per page of the token bands.
@@ -166,7 +167,8 @@ class RunConfig:
     rate_scale: float = _opt(1.0, "replay this many times faster")
     max_requests: int | None = _opt(None, "keep the first N requests")
     model: str = _opt("gemma-3-12b", "bundled model name or a Hugging Face config.json path")
-    kv_cache_dtype: str = _opt("bf16", "KV-cache dtype: bf16, fp8_e4m3, fp8_e5m2 or fp32")
+    kv_cache_dtype: str = _opt("bf16", "KV-cache dtype: bf16, fp8_e4m3, fp8_e5m2, fp32, fp4_e2m1 (SGLang) "
+                                                     "or nvfp4 (vLLM)")
     kv_budget_gib: float = _opt(8.0, "KV buffer size in GiB")
     page_size: int = _opt(16, "tokens per page")
     layout: str = _opt("end_end", "layout kind")
