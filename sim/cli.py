@@ -143,7 +143,16 @@ SUMMARY_ROWS = [
     ("compaction time (s) / overhead", lambda s: f"{s['move_time_s']:.4f} / {100 * s['compaction_overhead']:.3f} %"),
     ("capacity efficiency vs oracle", lambda s: f"{s.get('capacity_efficiency', math.nan):.3f}"),
     ("simulated time / steps", lambda s: f"{s['sim_time_s']:.1f} s / {s['steps']}"),
+    ("step-time model", lambda s: _step_time_model(s)),
 ]
+
+
+def _step_time_model(summary: dict) -> str:
+    """The step-time model a run used, with the steps a profile extrapolated."""
+    name = summary["step_time_model"]
+    if "step_time_extrapolated_steps" not in summary:
+        return name
+    return f"{name} ({summary['step_time_extrapolated_steps']} of {summary['steps']} steps beyond its grids)"
 
 
 def print_summary(summary: dict, identity: dict, wall_s: float) -> None:
