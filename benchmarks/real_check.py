@@ -35,8 +35,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {  # name -> (config, KV budget GiB, compaction, decode graphs)
-    "llama-3.1-8b": (ROOT / "tests/data/configs/meta-llama--Meta-Llama-3.1-8B_config.json", 0.9, "eager", False),
-    "gemma-3-12b": (ROOT / "benchmarks/configs/gemma-3-12b-text_config.json", 2.0, "lazy", False),
+    # budgets found by replaying this trace with the cost executor (the same steps: real_clock="cost")
+    # so that requests are retracted after their first token too (6 for llama, 18 for gemma)
+    "llama-3.1-8b": (ROOT / "tests/data/configs/meta-llama--Meta-Llama-3.1-8B_config.json", 0.63, "eager", False),
+    "gemma-3-12b": (ROOT / "benchmarks/configs/gemma-3-12b-text_config.json", 1.0, "lazy", False),
     "gpt-oss-20b": (ROOT / "tests/data/configs/openai--gpt-oss-20b_config.json", 0.35, "lazy", False),
 }
 N = 16
