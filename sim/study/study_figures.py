@@ -67,7 +67,7 @@ def latency_vs_rate(rows: pd.DataFrame, *, x: str, x_label: str, title: str, pat
         ax.set_ylabel(f"{metric.upper()} (s)")
         ax.set_yscale("log")
         ax.legend(handles=handles, fontsize=6, ncol=2)
-    fig.suptitle(f"latency against request rate: {title}", fontsize=10)
+    fig.suptitle(f"latency against request rate: {title}", fontsize=10, wrap=True)
     return _save(fig, path)
 
 
@@ -89,7 +89,7 @@ def attainment_vs_rate(rows: pd.DataFrame, *, x: str, x_label: str, title: str, 
         _rate_axis(ax, rows[x], x_label)
         ax.legend(fontsize=7)
     fig.suptitle(f"objective attainment against request rate (filled: every target holds): {title}",
-                 fontsize=10)
+                 fontsize=10, wrap=True)
     return _save(fig, path)
 
 
@@ -116,7 +116,7 @@ def max_rate_bars(answers: pd.DataFrame, gains: Mapping[str, str], *, y_label: s
     ax.set_ylabel(y_label)
     ax.margins(y=0.15)
     ax.set_title(f"maximum rate within objectives (whisker: first rate run that missed; "
-                 f"under a unified layout: its gain)\n{title}", fontsize=9)
+                 f"under a unified layout: its gain)\n{title}", fontsize=9, wrap=True)
     return _save(fig, path)
 
 

@@ -29,6 +29,7 @@ MLA = [  # (config stem, layers, architecture); all kv_lora_rank 512, qk_rope_he
     ("deepseek-ai--DeepSeek-V3", 61, "DeepseekV3ForCausalLM"),
     ("deepseek-ai--DeepSeek-R1", 61, "DeepseekV3ForCausalLM"),
     ("moonshotai--Kimi-K2-Instruct", 61, "DeepseekV3ForCausalLM"),
+    ("deepseek-ai--DeepSeek-V2-Lite-Chat", 27, "DeepseekV2ForCausalLM"),  # q_lora_rank null
 ]
 
 

@@ -177,6 +177,26 @@ def test_deepseek_v3_active_matches_the_model_card():
     assert round(counts.total / 1e9) == 671
 
 
+def test_deepseek_v2_lite_matches_the_paper_and_transformers_at_full_depth():
+    # DeepSeek-V2 paper (arXiv:2405.04434, Appendix B.1): DeepSeek-V2-Lite has 15.7B parameters,
+    # 2.4B activated per token. By hand: 27 layers, the first dense (intermediate 10944), 26 MoE
+    # layers of 6 routed + 2 shared experts (3 x 2048 x 1408 each) and a 64-way router; MLA with
+    # uncompressed queries (q_proj 2048 -> 16 x 192). The active count less the input embedding
+    # (a lookup) is 2.45B, which the paper gives as 2.4B. The headline study's MLA model, so its
+    # total is also checked against transformers' count of the whole 27-layer model.
+    path = CONFIGS / "deepseek-ai--DeepSeek-V2-Lite-Chat_config.json"
+    counts = count_params(load_config(path))
+    h, vocab = 2048, 102400
+    mla = h * 16 * 192 + h * (512 + 64) + 512 + 512 * 16 * (128 + 128) + 16 * 128 * h
+    expert = 3 * h * 1408
+    dense = mla + 3 * h * 10944 + 2 * h
+    moe = mla + 8 * expert + 64 * h + 2 * h
+    assert counts.active == dense + 26 * moe + 2 * vocab * h + h
+    assert counts.total == counts.active + 26 * 58 * expert
+    assert round(counts.total / 1e9, 1) == 15.7 and int((counts.active - vocab * h) / 1e8) == 24
+    assert counts.total == transformers_count(read_config(path))
+
+
 def test_glm5_total_and_active_match_the_model_card():
     # Model card (zai-org/GLM-5): 744B parameters, 40B active. By hand: 3 dense layers and 75 MoE
     # layers of 8 routed + 1 shared expert (3 x 6144 x 2048 each) and a 256-way router; MLA with

@@ -173,3 +173,32 @@ def test_no_gain_is_claimed_where_no_layout_met_the_objectives():
     gains, notes = report.gain_notes(report.label_answers(rows))
     assert notes == {"end_end": "n/a: neither it nor sglang met the objectives at any rate run"}
     assert math.isnan(gains["gain"].iloc[0])
+
+
+def test_a_long_title_is_wrapped_inside_its_figure(study, monkeypatch, tmp_path):
+    # A model named by a config.json path makes a title wider than the figure; every
+    # title line must still be drawn inside it (matplotlib clips a title it does not wrap).
+    rows = report.served(pd.read_parquet(study / report.DATASET))
+    _, part = next(iter(report.groups(rows)))
+    title = "mooncake_conversation_whole | tests/data/configs/deepseek-ai--DeepSeek-V2-Lite-Chat_config.json" \
+            " | h200 | 94.8 GiB KV (sglang)"
+    overflow = []
+
+    def check(fig, path):
+        fig.canvas.draw()
+        box = fig.bbox
+        texts = ([fig._suptitle] if fig._suptitle else []) + [ax.title for ax in fig.axes]
+        for text in (t for t in texts if t.get_text()):
+            ext = text.get_window_extent()
+            if ext.x0 < box.x0 - 1 or ext.x1 > box.x1 + 1:
+                overflow.append(text.get_text())
+        figs.plt.close(fig)
+        return path
+
+    monkeypatch.setattr(figs, "_save", check)
+    kw = dict(x="offered_rate_rps", x_label="rate", title=title)
+    figs.latency_vs_rate(part, path=tmp_path / "l.png", **kw)
+    figs.attainment_vs_rate(part, path=tmp_path / "a.png", **kw)
+    answers = report.label_answers(part)
+    figs.max_rate_bars(answers, {}, y_label="max rate", title=title, path=tmp_path / "m.png")
+    assert overflow == []
