@@ -9,17 +9,24 @@ engine's ratchet does), then times `--steps` steady decode steps. Each step
 does what the engine does per decode step:
 
 - host: `alloc_decode` (one token per request), the window ratchet's
-  release when a page leaves the window, a lazy `flush`, `translate` of the
-  new tokens and the block tables (`KVViews.block_table`);
+  release when a page leaves the window, a lazy `flush`, the commit of the
+  page tables, and the requests' virtual page rows: kept on the device
+  across steps (`unikv.tensors.PageRows`), a step writes only the pages it
+  opened, then one gather of the batch's rows;
 - device: the decode forward through `sim.real.graphs.DecodeGraphs` (one
-  CUDA graph per batch-size bucket; the tables, lengths and write slots in
-  static buffers the graph reads), its attention reading the pool's views
-  through the Triton paged-attention kernel.
+  CUDA graph per batch-size bucket; the virtual rows, ids, lengths in
+  static buffers the graph reads; the graph translates rows and ids to
+  physical pages and slots from the pool's device page tables), its
+  attention reading the pool's views through the Triton paged-attention
+  kernel.
 
 Reported per case (median over the steps): the whole step (wall, host work
 included, synchronised), the host allocator work alone, the graph replay
 alone (CUDA events), and the roofline: (weight bytes + KV bytes read) /
-HBM bandwidth (4.8 TB/s, the H200 datasheet). A case whose KV does not fit
+HBM bandwidth (4.8 TB/s, the H200 datasheet). After the steps: whether the
+device-translated tables equal `KVViews.block_table` (the readable host
+path; `tables_equal`), and what that host rebuild of every band's table
+costs at the case's size (`host_rebuild_ms`, the per-step path it replaced). A case whose KV does not fit
 the GPU's free memory is reported as skipped, with the bytes it needs.
 
     python benchmarks/bench_real_decode.py --out results/real/h200/decode.csv
@@ -58,6 +65,10 @@ class Case:
         self.pages = []  # per request: its virtual pages, in position order
         self.last = np.zeros(batch, dtype=np.int64)  # its newest token id
         self.released = [0] * batch  # leading pages released on the window band
+        from unikv.tensors import PageRows
+
+        self.rows = PageRows(device, rows=batch, width=64)  # the engine's block table, virtual pages
+        self.row = np.array([self.rows.open() for _ in range(batch)], dtype=np.int64)
         chunk = max(PS, (self.window or context) // PS * PS)
         for b in range(batch):  # filled chunk by chunk, the window released as it goes (the engine's ratchet)
             self.pages.append([])
@@ -70,7 +81,13 @@ class Case:
                 self.last[b] = got[min(chunk, context - start) - 1]
                 self.seq[b] = min(context, start + chunk)
                 self._ratchet(b)
+            self.rows.write(int(self.row[b]), 0, self.pages[b])
         self.seq[:] = context
+        self.last_page = np.array([p[-1] for p in self.pages], dtype=np.int64)
+        import torch
+
+        self.cu_q = torch.arange(batch + 1, dtype=torch.int32, device=device)
+        self.sample_rows = torch.arange(batch, dtype=torch.int64, device=device)
 
     def _ratchet(self, b: int) -> None:
         """Release request b's window-band pages wholly before its window."""
@@ -86,28 +103,32 @@ class Case:
     def host_step(self):
         """One decode step's allocator work; returns the forward's batch."""
         import torch
-        from unikv.sim.real.batch import StepBatch
+        from unikv.sim.real.batch import StepBatch, device_tables
 
         self.seq += 1
         new = np.asarray(self.pool.alloc_decode(self.seq, self.last))
         self.last = new
-        for b, t in enumerate(new.tolist()):
-            if t // PS != self.pages[b][-1]:
-                self.pages[b].append(t // PS)
-            if self.window is not None and (int(self.seq[b]) - self.window) % PS == 0:
+        for b in np.flatnonzero(new // PS != self.last_page).tolist():  # requests that opened a page
+            page = int(new[b]) // PS
+            self.rows.write(int(self.row[b]), len(self.pages[b]), [page])
+            self.pages[b].append(page)
+        self.last_page = new // PS
+        if self.window is not None:
+            for b in np.flatnonzero((self.seq - self.window) % PS == 0).tolist():
                 self._ratchet(b)
         self.pool.flush(urgent=False)
         dev = self.device
-        tables = {band: self.views.block_table(self.pages, band) for band in self.bands}
-        slots = {band: torch.as_tensor(self.pool.translate(new, band), device=dev).long() for band in self.bands}
         n = len(self.pages)
+        width = max(len(p) for p in self.pages)
+        page_rows = self.rows.gather(self.row, width)
+        host = torch.from_numpy(np.stack([new, self.seq - 1, self.seq]))
+        up = host.to(dev, non_blocking=True) if dev == "cuda" else host
+        tables = self.views.page_tables()  # commits the step's table changes
         return StepBatch(layout="padded",
                          input_ids=torch.randint(0, self.vocab, (n, 1), device=dev),
-                         position_ids=torch.as_tensor(self.seq - 1, device=dev).view(n, 1),
-                         cu_q=torch.arange(n + 1, dtype=torch.int32, device=dev),
-                         seq_lens=torch.as_tensor(self.seq, dtype=torch.int32, device=dev),
-                         block_tables=tables, write_slots=slots, sample_rows=torch.arange(n, device=dev),
-                         samplers=(), requests=tuple(range(n)))
+                         position_ids=up[1].view(n, 1), cu_q=self.cu_q, seq_lens=up[2].to(torch.int32),
+                         sample_rows=self.sample_rows, samplers=(), requests=tuple(range(n)),
+                         **device_tables(page_rows, up[0], tables, PS))
 
 
 def kv_bytes_per_request(spec, context: int) -> int:
@@ -164,6 +185,18 @@ def run_case(lm, spec, placed, kind: str, batch: int, context: int, steps: int, 
                 host.append(t1 - t0)
                 device.append(start.elapsed_time(stop) / 1e3 if cuda else t2 - t1)
     stats = graphs.stats()
+    # the device path against the readable one after the last step, and what
+    # rebuilding the tables on the host (the old per-step path) would cost now
+    equal = all(torch.equal(views.translate_pages(batch_in.page_rows, band), views.block_table(case.pages, band))
+                for band in case.bands)
+    rebuild = []
+    for _ in range(3):
+        sync()
+        t0 = time.perf_counter()
+        for band in case.bands:
+            views.block_table(case.pages, band)
+        sync()
+        rebuild.append(time.perf_counter() - t0)
     weights = spec.weight_bytes or 0
     roof = (weights + batch * kv_bytes_per_request(spec, context)) / HBM
     del views, pool, graphs
@@ -172,6 +205,8 @@ def run_case(lm, spec, placed, kind: str, batch: int, context: int, steps: int, 
     return {"status": "ok", "step_ms": 1e3 * statistics.median(whole), "host_ms": 1e3 * statistics.median(host),
             "graph_ms": 1e3 * statistics.median(device), "roofline_ms": 1e3 * roof,
             "x_roofline": statistics.median(whole) / roof, "captured": bool(stats["captured"]),
+            "tables_equal": equal, "host_rebuild_ms": 1e3 * statistics.median(rebuild),
+            "host_ms_p90": 1e3 * sorted(host)[int(0.9 * (len(host) - 1))],
             "capture_failure": "; ".join(stats["failures"].values())[:200]}
 
 
