@@ -37,6 +37,7 @@ MIB = 1 << 20
 PS = 16
 WINDOW = 256
 TOTAL_MIB = 4096  # the 3-band pool's buffer
+SLOTS = "device"  # where the forward's slot ids are translated (--slots)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -68,8 +69,14 @@ def unikv_engine(batch: int, device: str):
 
 def unikv_step(e: dict, step: int, finish_every: int) -> None:
     """Virtual ids live on the host (the pool hands them out there); the
-    step ends with the device slot ids the forward writes (translate, which
-    commits the step's table changes in one upload + one launch)."""
+    step ends with what the forward needs to find its slots: with
+    `--slots device` (the real executor's path, `sim.real.batch`) the page
+    tables committed (one upload + one `index_put_`: the "translate" phase)
+    and the new virtual ids uploaded with the engine's positions and
+    lengths in one copy ("inputs", the engine's), the forward translating
+    them on the device; with
+    `--slots host` the device slot ids translated on the host tables per
+    band (`pool.translate`: commit, translate, one upload each)."""
     import numpy as np
 
     pool, lens, table = e["pool"], e["lens"], e["table"]
@@ -104,9 +111,16 @@ def unikv_step(e: dict, step: int, finish_every: int) -> None:
     clock.lap("release")
     pool.flush()
     clock.lap("flush")
-    pool.translate(new, "full")
-    pool.translate(new, "swa")
-    clock.lap("translate")
+    if SLOTS == "host":  # the forward's slot ids translated on the host tables, one upload per band
+        pool.translate(new, "full")
+        pool.translate(new, "swa")
+        clock.lap("translate")
+    else:  # the tables committed; the forward translates the virtual ids on the device (`sim.real.batch`)
+        pool.commit()
+        clock.lap("translate")
+        # the engine's inputs in one upload: the new virtual ids travel with the positions and lengths
+        pool.backend.upload(np.stack([new, seq - 1, seq]))
+        clock.lap("inputs")
 
 
 class Phases:
@@ -201,6 +215,9 @@ def baseline_step(e: dict, step: int, finish_every: int) -> None:
 
 
 ENGINES = {"unikv_cuda": (unikv_engine, unikv_step), "plain_torch": (baseline_engine, baseline_step)}
+# the allocator's host work per step the issue budgets (<= 100 us at batch 256): alloc_decode, the
+# window release, flush, and translate / commit of the step's table changes
+ALLOCATOR_PHASES = ("alloc_decode", "release", "flush", "translate")
 
 
 # -- measurement --
@@ -259,6 +276,7 @@ def run(batch: int, engine: str, args) -> tuple[dict, list[dict]]:
         sites = count_syncs(step, e, args.sync_steps, args.finish_every, args.warmup + args.steps)
     phases = {k: v[-args.steps:] for k, v in e.get("phases", {}).items()}
     core = [a + r for a, r in zip(phases.get("alloc_decode", []), phases.get("release", []))]
+    work = [sum(x) for x in zip(*(phases.get(k, []) for k in ALLOCATOR_PHASES))] if "pool" in e else []
     total = sum(sites.values())
     stats = e["pool"].stats() if "pool" in e else {}
     summary = {"bench": "decode_host", "allocator": engine, "batch": batch, "steps": args.steps,
@@ -268,6 +286,8 @@ def run(batch: int, engine: str, args) -> tuple[dict, list[dict]]:
                "host_us_p90": round(sorted(us)[int(0.9 * (len(us) - 1))], 1),
                "syncs_per_step": round(total / args.sync_steps, 2), "finish_every": args.finish_every,
                "alloc_decode_release_us_median": round(statistics.median(core), 1) if core else None,
+               "allocator_us_median": round(statistics.median(work), 1) if work else None,
+               "slots": SLOTS if "pool" in e else None,
                **{f"{k}_us_median": round(statistics.median(v), 1) for k, v in sorted(phases.items())}}
     site_rows = [{"bench": "sync_sites", "allocator": engine, "batch": batch, "site": k,
                   "syncs_per_step": round(v / args.sync_steps, 3)} for k, v in sites.most_common()]
@@ -295,7 +315,7 @@ def append_csv(path: str, rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    global TOTAL_MIB
+    global TOTAL_MIB, SLOTS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/kernels/decode_host.csv")
     ap.add_argument("--sites-out", default=None, help="sync sites CSV (default: beside --out)")
@@ -308,8 +328,12 @@ def main(argv=None) -> int:
     ap.add_argument("--total-mib", type=int, default=TOTAL_MIB,
                     help="the 3-band pool's buffer; at 4096 the full band reaches the float during the run, "
                          "so the shortfall ladder slides it (page moves); larger buffers keep them apart")
+    ap.add_argument("--slots", choices=("device", "host"), default=SLOTS,
+                    help="device: commit the tables and upload the new virtual ids (the forward translates "
+                         "them; the real executor's path); host: pool.translate per band on the host tables")
+    ap.add_argument("--engines", nargs="*", choices=sorted(ENGINES), default=list(ENGINES))
     args = ap.parse_args(argv)
-    TOTAL_MIB = args.total_mib
+    TOTAL_MIB, SLOTS = args.total_mib, args.slots
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_decode_host: needs a CUDA device", file=sys.stderr)
         return 2
@@ -317,7 +341,7 @@ def main(argv=None) -> int:
     row0 = stamp(args.device)
     summaries, sites = [], []
     for batch in args.batch:
-        for engine in ENGINES:
+        for engine in args.engines:
             s, site_rows = run(batch, engine, args)
             summaries.append({**row0, **s})
             sites += [{**row0, **r} for r in site_rows]
