@@ -169,8 +169,7 @@ class BlockRows:
 
         from unikv.tensors import PageRows
 
-        self.pool = pool
-        self.bands = tuple(bands)
+        self.bands = tuple(bands)  # no reference to the pool: `rows_for` keys on it weakly
         self.rows = PageRows(device)
         self._held: dict[int, _Held] = {}
         # the pool's device v2p per band: the same memory for the pool's life

@@ -165,3 +165,20 @@ def test_rows_of_finished_and_retracted_requests_are_closed_and_readmissions_get
     width = rows.rows.width
     want = b.pages + [0] * (width - len(b.pages))
     assert rows.open_rows() == 1 and row == first and rows.rows.gather([row], width)[0].tolist() == want
+
+
+def test_the_pools_rows_go_with_the_pool():
+    """`rows_for` keeps one BlockRows per pool, weakly: a finished run's pool
+    and its rows are collected."""
+    import gc
+    import weakref
+
+    from unikv.sim.real.batch import rows_for
+
+    pool = setup()[0]
+    rows = rows_for(pool, ["full"])
+    assert rows_for(pool, ["full"]) is rows
+    gone = weakref.ref(pool)
+    del pool, rows
+    gc.collect()
+    assert gone() is None
