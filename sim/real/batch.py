@@ -98,10 +98,29 @@ def _spans(plan: StepPlan) -> list[tuple[Request, int, int, bool]]:
 
 
 def _vids(r: Request, start: int, stop: int, ps: int) -> np.ndarray:
-    """Virtual token ids of positions `[start, stop)` of `r`."""
+    """Virtual token ids of positions `[start, stop)` of `r` (only the pages
+    the span covers are read: a long request holds thousands)."""
     pos = np.arange(start, stop, dtype=np.int64)
-    pages = np.asarray(r.pages, dtype=np.int64)
-    return pages[pos // ps] * ps + pos % ps
+    first = start // ps
+    pages = np.asarray(r.pages[first:(stop - 1) // ps + 1], dtype=np.int64)
+    return pages[pos // ps - first] * ps + pos % ps
+
+
+def _decode_columns(decode: Sequence[Request], tokens: TokenSource, generated: Mapping[int, Sequence[int]],
+                    ps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Input id, position and virtual id of each decoder (one token each, at
+    `seq - 1`), in Python per request (numpy per request costs more than
+    the arithmetic); the input id is the newest generated token, else the
+    token source's."""
+    ids, pos, vids = [], [], []
+    for r in decode:
+        a = r.seq - 1
+        gen = generated.get(r.rid, ())
+        k = a - r.prompt_tokens
+        ids.append(gen[k] if 0 <= k < len(gen) else int(tokens.ids(r, a, a + 1, gen)[0]))
+        pos.append(a)
+        vids.append(r.pages[a // ps] * ps + a % ps)
+    return (np.array(ids, dtype=np.int64), np.array(pos, dtype=np.int64), np.array(vids, dtype=np.int64))
 
 
 def _tensor(x, device):
@@ -281,9 +300,14 @@ def build_batch(plan: StepPlan, pool, tokens: TokenSource, generated: Mapping[in
     if not spans:
         raise ValueError(f"build_batch: step {plan.index} plans no request")
     ps = pool.page_size
-    ids = [tokens.ids(r, a, b, generated.get(r.rid, ())) for r, a, b, _ in spans]
-    pos = [np.arange(a, b, dtype=np.int64) for _, a, b, _ in spans]
-    vids = np.concatenate([_vids(r, a, b, ps) for r, a, b, _ in spans])
+    pre = spans[:len(plan.prefill)]  # then the decoders, one token each
+    ids = [tokens.ids(r, a, b, generated.get(r.rid, ())) for r, a, b, _ in pre]
+    pos = [np.arange(a, b, dtype=np.int64) for _, a, b, _ in pre]
+    vid = [_vids(r, a, b, ps) for r, a, b, _ in pre]
+    if plan.decode:
+        for out, column in zip((ids, pos, vid), _decode_columns(plan.decode, tokens, generated, ps)):
+            out.append(column)
+    vids = np.concatenate(vid)
     q_lens = np.array([b - a for _, a, b, _ in spans], dtype=np.int64)
     rows = np.cumsum(q_lens) - 1
     samples = [i for i, s in enumerate(spans) if s[3]]
