@@ -220,6 +220,55 @@ ENGINES = {"unikv_cuda": (unikv_engine, unikv_step), "plain_torch": (baseline_en
 ALLOCATOR_PHASES = ("alloc_decode", "release", "flush", "translate")
 
 
+# -- the real executor's batch build (sim.real.batch) --
+
+
+def time_build_batch(batch: int, context: int, device: str, steps: int) -> list[dict]:
+    """Host ms of `build_batch` for a decode step of `batch` requests of
+    `context` tokens: the kept rows translated on the device (the
+    executor's path) against `readable=True` (every page translated on the
+    host tables and uploaded: the path it replaced)."""
+    import numpy as np
+    from unikv.sim.real.batch import BlockRows, build_batch
+    from unikv.sim.real.tokens import TokenSource
+    from unikv.sim.request import Request
+    from unikv.sim.scheduler import StepPlan
+
+    from unikv import Band, Layout, UnifiedPool
+    from unikv.backends.cuda import CudaBackend
+
+    pages = -(-context // PS) + 1
+    layout = Layout(total_bytes=128 * PS * (batch * pages + 64), bands=[  # small entries: only ids matter here
+        Band("swa", entry_bytes=64, grow="up", page_size=PS, blocks_per_page=2),
+        Band("full", entry_bytes=64, grow="down", page_size=PS, blocks_per_page=2)])
+    pool = UnifiedPool(layout, CudaBackend(device), compaction="lazy", ids="numpy")
+    reqs = []
+    for i in range(batch):
+        ids = np.asarray(pool.alloc(pages * PS))
+        r = Request(i, 0.0, 1, 1 << 30)
+        r.pages, r.seq, r.prefill_target, r.prefilled = sorted(set((ids // PS).tolist())), context, 1, 1
+        reqs.append(r)
+    generated = {r.rid: list(range(context)) for r in reqs}
+    source, bands = TokenSource(vocab_size=256, block_tokens=None), ["full", "swa"]
+    plan = StepPlan(0, [], reqs, 0, np.zeros(batch, np.int64), True)
+    rows, out = BlockRows(pool, bands, device), []
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for path in ("device", "readable"):
+        times = []
+        for _ in range(steps):
+            sync()
+            t0 = time.perf_counter()
+            built = build_batch(plan, pool, source, generated, bands, device, block_rows=rows,
+                                readable=path == "readable")
+            tables = [built.block_tables[b] for b in bands]  # the device path gathers when read
+            t1 = time.perf_counter()
+            sync()
+            times.append((t1 - t0) * 1e3)
+        out.append({"bench": "build_batch", "path": path, "batch": batch, "context": context,
+                    "host_ms_median": round(statistics.median(times[2:]), 3), "tables": len(tables)})
+    return out
+
+
 # -- measurement --
 
 
@@ -332,6 +381,9 @@ def main(argv=None) -> int:
                     help="device: commit the tables and upload the new virtual ids (the forward translates "
                          "them; the real executor's path); host: pool.translate per band on the host tables")
     ap.add_argument("--engines", nargs="*", choices=sorted(ENGINES), default=list(ENGINES))
+    ap.add_argument("--build-batch", nargs="*", type=int, default=None, metavar="CONTEXT",
+                    help="instead: time sim.real.batch.build_batch at --batch x these contexts, the kept rows "
+                         "against the host rebuild (readable=True)")
     args = ap.parse_args(argv)
     TOTAL_MIB, SLOTS = args.total_mib, args.slots
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -339,6 +391,14 @@ def main(argv=None) -> int:
         return 2
     sites_out = args.sites_out or os.path.join(os.path.dirname(args.out) or ".", "decode_sync_sites.csv")
     row0 = stamp(args.device)
+    if args.build_batch is not None:
+        rows = [{**row0, **r} for b in args.batch for c in args.build_batch
+                for r in time_build_batch(b, c, args.device, 12)]
+        for r in rows:
+            print(f"build_batch {r['path']:8} batch {r['batch']:4d} x {r['context']:6d}: {r['host_ms_median']:8.3f} ms",
+                  flush=True)
+        append_csv(args.out, rows)
+        return 0
     summaries, sites = [], []
     for batch in args.batch:
         for engine in args.engines:
