@@ -38,6 +38,7 @@ PS = 16
 WINDOW = 256
 TOTAL_MIB = 4096  # the 3-band pool's buffer
 SLOTS = "device"  # where the forward's slot ids are translated (--slots)
+ALLOC = "tokens"  # the pool's surface the engine calls (--alloc)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -91,9 +92,14 @@ def unikv_step(e: dict, step: int, finish_every: int) -> None:
     seq = lens[rows] + 1
     last = table[rows, seq - 2]
     clock.lap("decode_args")  # the engine's own bookkeeping: seq_lens and last_loc
-    new = pool.alloc_decode(seq, last)
+    if ALLOC == "tokens":  # SGLang's contract: the pool checks last_loc and places every token
+        new = pool.alloc_decode(seq, last).numpy()
+    else:  # the engine knows which requests open a page (vLLM's block tables): fresh pages only
+        opens = ((seq - 1) & (PS - 1)) == 0
+        new = last + 1
+        new[opens] = pool.take_pages(int(np.count_nonzero(opens))).numpy() * PS
     clock.lap("alloc_decode")
-    table[rows, seq - 1] = new.numpy()
+    table[rows, seq - 1] = new
     lens[rows] = seq
     ends = np.maximum(0, seq - WINDOW) // PS * PS
     crossing = np.flatnonzero(ends > e["released"][rows])
@@ -107,7 +113,10 @@ def unikv_step(e: dict, step: int, finish_every: int) -> None:
         e["released"][r] = end
     clock.lap("engine")  # the engine's own bookkeeping: which pages left the window
     if reps is not None:
-        pool.release(reps, band="swa")
+        if ALLOC == "tokens":
+            pool.release(reps, band="swa")
+        else:
+            pool.release_pages((reps // PS).tolist(), "swa")
     clock.lap("release")
     pool.flush()
     clock.lap("flush")
@@ -336,7 +345,7 @@ def run(batch: int, engine: str, args) -> tuple[dict, list[dict]]:
                "syncs_per_step": round(total / args.sync_steps, 2), "finish_every": args.finish_every,
                "alloc_decode_release_us_median": round(statistics.median(core), 1) if core else None,
                "allocator_us_median": round(statistics.median(work), 1) if work else None,
-               "slots": SLOTS if "pool" in e else None,
+               "slots": SLOTS if "pool" in e else None, "alloc": ALLOC if "pool" in e else None,
                **{f"{k}_us_median": round(statistics.median(v), 1) for k, v in sorted(phases.items())}}
     site_rows = [{"bench": "sync_sites", "allocator": engine, "batch": batch, "site": k,
                   "syncs_per_step": round(v / args.sync_steps, 3)} for k, v in sites.most_common()]
@@ -364,7 +373,7 @@ def append_csv(path: str, rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    global TOTAL_MIB, SLOTS
+    global TOTAL_MIB, SLOTS, ALLOC
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/kernels/decode_host.csv")
     ap.add_argument("--sites-out", default=None, help="sync sites CSV (default: beside --out)")
@@ -381,11 +390,15 @@ def main(argv=None) -> int:
                     help="device: commit the tables and upload the new virtual ids (the forward translates "
                          "them; the real executor's path); host: pool.translate per band on the host tables")
     ap.add_argument("--engines", nargs="*", choices=sorted(ENGINES), default=list(ENGINES))
+    ap.add_argument("--alloc", choices=("tokens", "pages"), default=ALLOC,
+                    help="tokens: alloc_decode and release of token ids (the pool checks last_loc); pages: the "
+                         "engine takes fresh pages for the requests that open one (take_pages) and releases "
+                         "page ids (release_pages), as an engine with its own block tables does")
     ap.add_argument("--build-batch", nargs="*", type=int, default=None, metavar="CONTEXT",
                     help="instead: time sim.real.batch.build_batch at --batch x these contexts, the kept rows "
                          "against the host rebuild (readable=True)")
     args = ap.parse_args(argv)
-    TOTAL_MIB, SLOTS = args.total_mib, args.slots
+    TOTAL_MIB, SLOTS, ALLOC = args.total_mib, args.slots, args.alloc
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_decode_host: needs a CUDA device", file=sys.stderr)
         return 2
