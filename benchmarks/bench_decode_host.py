@@ -361,15 +361,30 @@ def stamp(device: str) -> dict:
 
 
 def append_csv(path: str, rows: list[dict]) -> None:
+    """Append `rows`; a file whose header lacks some of their columns is
+    rewritten with the union of the columns (runs of other modes add some)."""
     if not rows:
         return
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    new = not os.path.exists(path)
-    with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        if new:
-            w.writeheader()
-        w.writerows(rows)
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    old: list[dict] = []
+    if os.path.exists(path):
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            header = list(reader.fieldnames or [])
+            if set(fields) <= set(header):
+                fields, old = header, []
+            else:
+                old = list(reader)
+                fields = list(dict.fromkeys(header + fields))
+        if not old and set(fields) == set(header):
+            with open(path, "a", newline="") as f:
+                csv.DictWriter(f, fieldnames=fields).writerows(rows)
+            return
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(old + rows)
 
 
 def main(argv=None) -> int:
