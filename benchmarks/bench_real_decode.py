@@ -65,6 +65,7 @@ class Case:
         self.window = spec.window_tokens if "swa" in pool.bands else None
         self.seq = np.full(batch, context, dtype=np.int64)
         self.pages = []  # per request: its virtual pages, in position order
+        self.alloc_s: list[float] = []  # per host_step: the allocator's part (alloc, release, flush, commit)
         self.last = np.zeros(batch, dtype=np.int64)  # its newest token id
         self.released = [0] * batch  # leading pages released on the window band
         from unikv.tensors import PageRows
@@ -110,14 +111,21 @@ class Case:
 
     def _ratchet(self, b: int) -> None:
         """Release request b's window-band pages wholly before its window."""
+        gone = self._window_out(b)
+        if gone:
+            self.pool.release_pages(gone, "swa")
+
+    def _window_out(self, b: int) -> list[int]:
+        """Request b's window-band pages that left its window since the last
+        call (marked released: the caller releases them)."""
         if self.window is None:
-            return
+            return []
         done = max(0, int(self.seq[b]) - self.window) // PS
-        if done > self.released[b]:
-            gone = np.asarray(self.pages[b][self.released[b]:done], dtype=np.int64)
-            ids = (gone[:, None] * PS + np.arange(PS)).ravel()
-            self.pool.release(ids, band="swa")
-            self.released[b] = done
+        if done <= self.released[b]:
+            return []
+        gone = self.pages[b][self.released[b]:done]
+        self.released[b] = done
+        return gone
 
     def host_step(self, flush: bool = True):
         """One decode step's allocator work; returns the forward's batch.
@@ -125,6 +133,7 @@ class Case:
         import torch
         from unikv.sim.real.batch import StepBatch, device_tables
 
+        t0 = time.perf_counter()
         self.seq += 1
         new = np.asarray(self.pool.alloc_decode(self.seq, self.last))
         self.last = new
@@ -133,11 +142,15 @@ class Case:
             self.rows.write(int(self.row[b]), len(self.pages[b]), [page])
             self.pages[b].append(page)
         self.last_page = new // PS
-        if self.window is not None:
-            for b in np.flatnonzero((self.seq - self.window) % PS == 0).tolist():
-                self._ratchet(b)
+        if self.window is not None:  # one release for the batch: the pages that left the window
+            gone = [p for b in np.flatnonzero((self.seq - self.window) % PS == 0).tolist()
+                    for p in self._window_out(b)]
+            if gone:
+                self.pool.release_pages(gone, "swa")
         if flush:
             self.pool.flush(urgent=False)
+        self.pool.commit()  # the step's table changes to the device (views.page_tables() below: nothing left)
+        self.alloc_s.append(time.perf_counter() - t0)
         dev = self.device
         n = len(self.pages)
         width = max(len(p) for p in self.pages)
@@ -227,6 +240,7 @@ def run_case(lm, spec, placed, kind: str, batch: int, context: int, steps: int, 
     return {"status": "ok", "step_ms": 1e3 * statistics.median(whole), "host_ms": 1e3 * statistics.median(host),
             "graph_ms": 1e3 * statistics.median(device), "roofline_ms": 1e3 * roof,
             "x_roofline": statistics.median(whole) / roof, "captured": bool(stats["captured"]),
+            "host_alloc_ms": 1e3 * statistics.median(case.alloc_s[-len(host):]),
             "tables_equal": equal, "picks_equal_eager": agree, "host_rebuild_ms": 1e3 * statistics.median(rebuild),
             "host_ms_p90": 1e3 * sorted(host)[int(0.9 * (len(host) - 1))],
             "capture_failure": "; ".join(stats["failures"].values())[:200]}
