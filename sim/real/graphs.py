@@ -43,6 +43,7 @@ class _Bucket:
     graph: Any = None
     out: Any = None
     steps: int = field(default=0)
+    filled: tuple[int, int] = (0, 0)  # rows and columns the last fill wrote (the rest is padding)
 
 
 class DecodeGraphs:
@@ -115,18 +116,26 @@ class DecodeGraphs:
             vids=torch.zeros(n, dtype=torch.int64, device=dev))
 
     def _fill(self, st: _Bucket, batch, b: int, width: int) -> None:
-        """Copy the step into the bucket's buffers; the rows past `b` pad."""
+        """Copy the step into the bucket's buffers; the rows past `b` pad.
+
+        Only what the last fill left live outside this step's `[b, width]`
+        is reset to padding (`st.filled`): a steady batch costs five copies
+        and no fills (each a launch of host time on a GPU)."""
+        live_b, live_w = st.filled
         st.ids[:b].copy_(batch.input_ids, non_blocking=True)
-        st.ids[b:].zero_()
         st.pos[:b].copy_(batch.position_ids, non_blocking=True)
-        st.pos[b:].zero_()
         st.seq_lens[:b].copy_(batch.seq_lens, non_blocking=True)
-        st.seq_lens[b:].fill_(1)
         st.rows[:b, :width].copy_(batch.page_rows, non_blocking=True)
-        st.rows[:b, width:].zero_()
-        st.rows[b:].zero_()
         st.vids[:b].copy_(batch.write_vids, non_blocking=True)
-        st.vids[b:].zero_()
+        if live_b > b:  # rows the last step used and this one pads
+            st.ids[b:live_b].zero_()
+            st.pos[b:live_b].zero_()
+            st.seq_lens[b:live_b].fill_(1)
+            st.rows[b:live_b].zero_()
+            st.vids[b:live_b].zero_()
+        if live_w > width:  # columns past this step's widest request
+            st.rows[:min(b, live_b), width:live_w].zero_()
+        st.filled = (b, width)
 
     def _forward(self, st: _Bucket) -> Any:
         from unikv.sim.real.attention import StepContext, use_step
