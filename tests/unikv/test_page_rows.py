@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_kv_views import BACKENDS, LAYERS, PS, Driver, host, make_pool  # tests/unikv (conftest.py)
 
-from tests.unikv.test_kv_views import BACKENDS, LAYERS, PS, Driver, host, make_pool
 from unikv.tensors import KVViews, PageRows
 
 
