@@ -37,6 +37,8 @@ MIB = 1 << 20
 PS = 16
 WINDOW = 256
 TOTAL_MIB = 4096  # the 3-band pool's buffer
+SLOTS = "device"  # where the forward's slot ids are translated (--slots)
+ALLOC = "tokens"  # the pool's surface the engine calls (--alloc)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -68,8 +70,14 @@ def unikv_engine(batch: int, device: str):
 
 def unikv_step(e: dict, step: int, finish_every: int) -> None:
     """Virtual ids live on the host (the pool hands them out there); the
-    step ends with the device slot ids the forward writes (translate, which
-    commits the step's table changes in one upload + one launch)."""
+    step ends with what the forward needs to find its slots: with
+    `--slots device` (the real executor's path, `sim.real.batch`) the page
+    tables committed (one upload + one `index_put_`: the "translate" phase)
+    and the new virtual ids uploaded with the engine's positions and
+    lengths in one copy ("inputs", the engine's), the forward translating
+    them on the device; with
+    `--slots host` the device slot ids translated on the host tables per
+    band (`pool.translate`: commit, translate, one upload each)."""
     import numpy as np
 
     pool, lens, table = e["pool"], e["lens"], e["table"]
@@ -84,9 +92,14 @@ def unikv_step(e: dict, step: int, finish_every: int) -> None:
     seq = lens[rows] + 1
     last = table[rows, seq - 2]
     clock.lap("decode_args")  # the engine's own bookkeeping: seq_lens and last_loc
-    new = pool.alloc_decode(seq, last)
+    if ALLOC == "tokens":  # SGLang's contract: the pool checks last_loc and places every token
+        new = pool.alloc_decode(seq, last).numpy()
+    else:  # the engine knows which requests open a page (vLLM's block tables): fresh pages only
+        opens = ((seq - 1) & (PS - 1)) == 0
+        new = last + 1
+        new[opens] = pool.take_pages(int(np.count_nonzero(opens))).numpy() * PS
     clock.lap("alloc_decode")
-    table[rows, seq - 1] = new.numpy()
+    table[rows, seq - 1] = new
     lens[rows] = seq
     ends = np.maximum(0, seq - WINDOW) // PS * PS
     crossing = np.flatnonzero(ends > e["released"][rows])
@@ -100,13 +113,23 @@ def unikv_step(e: dict, step: int, finish_every: int) -> None:
         e["released"][r] = end
     clock.lap("engine")  # the engine's own bookkeeping: which pages left the window
     if reps is not None:
-        pool.release(reps, band="swa")
+        if ALLOC == "tokens":
+            pool.release(reps, band="swa")
+        else:
+            pool.release_pages((reps // PS).tolist(), "swa")
     clock.lap("release")
     pool.flush()
     clock.lap("flush")
-    pool.translate(new, "full")
-    pool.translate(new, "swa")
-    clock.lap("translate")
+    if SLOTS == "host":  # the forward's slot ids translated on the host tables, one upload per band
+        pool.translate(new, "full")
+        pool.translate(new, "swa")
+        clock.lap("translate")
+    else:  # the tables committed; the forward translates the virtual ids on the device (`sim.real.batch`)
+        pool.commit()
+        clock.lap("translate")
+        # the engine's inputs in one upload: the new virtual ids travel with the positions and lengths
+        pool.backend.upload(np.stack([new, seq - 1, seq]))
+        clock.lap("inputs")
 
 
 class Phases:
@@ -201,6 +224,58 @@ def baseline_step(e: dict, step: int, finish_every: int) -> None:
 
 
 ENGINES = {"unikv_cuda": (unikv_engine, unikv_step), "plain_torch": (baseline_engine, baseline_step)}
+# the allocator's host work per step the issue budgets (<= 100 us at batch 256): alloc_decode, the
+# window release, flush, and translate / commit of the step's table changes
+ALLOCATOR_PHASES = ("alloc_decode", "release", "flush", "translate")
+
+
+# -- the real executor's batch build (sim.real.batch) --
+
+
+def time_build_batch(batch: int, context: int, device: str, steps: int) -> list[dict]:
+    """Host ms of `build_batch` for a decode step of `batch` requests of
+    `context` tokens: the kept rows translated on the device (the
+    executor's path) against `readable=True` (every page translated on the
+    host tables and uploaded: the path it replaced)."""
+    import numpy as np
+    from unikv.sim.real.batch import BlockRows, build_batch
+    from unikv.sim.real.tokens import TokenSource
+    from unikv.sim.request import Request
+    from unikv.sim.scheduler import StepPlan
+
+    from unikv import Band, Layout, UnifiedPool
+    from unikv.backends.cuda import CudaBackend
+
+    pages = -(-context // PS) + 1
+    layout = Layout(total_bytes=128 * PS * (batch * pages + 64), bands=[  # small entries: only ids matter here
+        Band("swa", entry_bytes=64, grow="up", page_size=PS, blocks_per_page=2),
+        Band("full", entry_bytes=64, grow="down", page_size=PS, blocks_per_page=2)])
+    pool = UnifiedPool(layout, CudaBackend(device), compaction="lazy", ids="numpy")
+    reqs = []
+    for i in range(batch):
+        ids = np.asarray(pool.alloc(pages * PS))
+        r = Request(i, 0.0, 1, 1 << 30)
+        r.pages, r.seq, r.prefill_target, r.prefilled = sorted(set((ids // PS).tolist())), context, 1, 1
+        reqs.append(r)
+    generated = {r.rid: list(range(context)) for r in reqs}
+    source, bands = TokenSource(vocab_size=256, block_tokens=None), ["full", "swa"]
+    plan = StepPlan(0, [], reqs, 0, np.zeros(batch, np.int64), True)
+    rows, out = BlockRows(pool, bands, device), []
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for path in ("device", "readable"):
+        times = []
+        for _ in range(steps):
+            sync()
+            t0 = time.perf_counter()
+            built = build_batch(plan, pool, source, generated, bands, device, block_rows=rows,
+                                readable=path == "readable")
+            tables = [built.block_tables[b] for b in bands]  # the device path gathers when read
+            t1 = time.perf_counter()
+            sync()
+            times.append((t1 - t0) * 1e3)
+        out.append({"bench": "build_batch", "path": path, "batch": batch, "context": context,
+                    "host_ms_median": round(statistics.median(times[2:]), 3), "tables": len(tables)})
+    return out
 
 
 # -- measurement --
@@ -259,6 +334,7 @@ def run(batch: int, engine: str, args) -> tuple[dict, list[dict]]:
         sites = count_syncs(step, e, args.sync_steps, args.finish_every, args.warmup + args.steps)
     phases = {k: v[-args.steps:] for k, v in e.get("phases", {}).items()}
     core = [a + r for a, r in zip(phases.get("alloc_decode", []), phases.get("release", []))]
+    work = [sum(x) for x in zip(*(phases.get(k, []) for k in ALLOCATOR_PHASES))] if "pool" in e else []
     total = sum(sites.values())
     stats = e["pool"].stats() if "pool" in e else {}
     summary = {"bench": "decode_host", "allocator": engine, "batch": batch, "steps": args.steps,
@@ -268,6 +344,8 @@ def run(batch: int, engine: str, args) -> tuple[dict, list[dict]]:
                "host_us_p90": round(sorted(us)[int(0.9 * (len(us) - 1))], 1),
                "syncs_per_step": round(total / args.sync_steps, 2), "finish_every": args.finish_every,
                "alloc_decode_release_us_median": round(statistics.median(core), 1) if core else None,
+               "allocator_us_median": round(statistics.median(work), 1) if work else None,
+               "slots": SLOTS if "pool" in e else None, "alloc": ALLOC if "pool" in e else None,
                **{f"{k}_us_median": round(statistics.median(v), 1) for k, v in sorted(phases.items())}}
     site_rows = [{"bench": "sync_sites", "allocator": engine, "batch": batch, "site": k,
                   "syncs_per_step": round(v / args.sync_steps, 3)} for k, v in sites.most_common()]
@@ -283,19 +361,34 @@ def stamp(device: str) -> dict:
 
 
 def append_csv(path: str, rows: list[dict]) -> None:
+    """Append `rows`; a file whose header lacks some of their columns is
+    rewritten with the union of the columns (runs of other modes add some)."""
     if not rows:
         return
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    new = not os.path.exists(path)
-    with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        if new:
-            w.writeheader()
-        w.writerows(rows)
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    old: list[dict] = []
+    if os.path.exists(path):
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            header = list(reader.fieldnames or [])
+            if set(fields) <= set(header):
+                fields, old = header, []
+            else:
+                old = list(reader)
+                fields = list(dict.fromkeys(header + fields))
+        if not old and set(fields) == set(header):
+            with open(path, "a", newline="") as f:
+                csv.DictWriter(f, fieldnames=fields).writerows(rows)
+            return
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(old + rows)
 
 
 def main(argv=None) -> int:
-    global TOTAL_MIB
+    global TOTAL_MIB, SLOTS, ALLOC
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/kernels/decode_host.csv")
     ap.add_argument("--sites-out", default=None, help="sync sites CSV (default: beside --out)")
@@ -308,16 +401,35 @@ def main(argv=None) -> int:
     ap.add_argument("--total-mib", type=int, default=TOTAL_MIB,
                     help="the 3-band pool's buffer; at 4096 the full band reaches the float during the run, "
                          "so the shortfall ladder slides it (page moves); larger buffers keep them apart")
+    ap.add_argument("--slots", choices=("device", "host"), default=SLOTS,
+                    help="device: commit the tables and upload the new virtual ids (the forward translates "
+                         "them; the real executor's path); host: pool.translate per band on the host tables")
+    ap.add_argument("--engines", nargs="*", choices=sorted(ENGINES), default=list(ENGINES))
+    ap.add_argument("--alloc", choices=("tokens", "pages"), default=ALLOC,
+                    help="tokens: alloc_decode and release of token ids (the pool checks last_loc); pages: the "
+                         "engine takes fresh pages for the requests that open one (take_pages) and releases "
+                         "page ids (release_pages), as an engine with its own block tables does")
+    ap.add_argument("--build-batch", nargs="*", type=int, default=None, metavar="CONTEXT",
+                    help="instead: time sim.real.batch.build_batch at --batch x these contexts, the kept rows "
+                         "against the host rebuild (readable=True)")
     args = ap.parse_args(argv)
-    TOTAL_MIB = args.total_mib
+    TOTAL_MIB, SLOTS, ALLOC = args.total_mib, args.slots, args.alloc
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_decode_host: needs a CUDA device", file=sys.stderr)
         return 2
     sites_out = args.sites_out or os.path.join(os.path.dirname(args.out) or ".", "decode_sync_sites.csv")
     row0 = stamp(args.device)
+    if args.build_batch is not None:
+        rows = [{**row0, **r} for b in args.batch for c in args.build_batch
+                for r in time_build_batch(b, c, args.device, 12)]
+        for r in rows:
+            print(f"build_batch {r['path']:8} batch {r['batch']:4d} x {r['context']:6d}: {r['host_ms_median']:8.3f} ms",
+                  flush=True)
+        append_csv(args.out, rows)
+        return 0
     summaries, sites = [], []
     for batch in args.batch:
-        for engine in ENGINES:
+        for engine in args.engines:
             s, site_rows = run(batch, engine, args)
             summaries.append({**row0, **s})
             sites += [{**row0, **r} for r in site_rows]

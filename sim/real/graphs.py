@@ -1,16 +1,20 @@
 """The decode step as a CUDA graph per batch-size bucket (issue 16 item 6).
 
 A decode-only step (padded `[B, 1]` inputs) runs the same kernels every
-step; only the data changes: token ids, positions, KV lengths, block tables
-and write slots. `DecodeGraphs` keeps, per bucket of batch sizes, static
-buffers of the bucket's size that the forward reads, captures the forward
-once over them (`torch.cuda.graph`, after a warm-up on a side stream as
-PyTorch's `torch.cuda.graphs` documentation asks), and per step copies the
-step's batch into them and replays the graph. Rows past the step's B are
-padding: token 0 at position 0, KV length 1, block table row 0 and write
-slot 0, so they write and read only the pool's sink (DESIGN.md: page 0
-holds no data). The block tables are `max_pages` wide so that one capture
-serves every length.
+step; only the data changes: token ids, positions, KV lengths, the
+requests' virtual page rows and the virtual ids written. `DecodeGraphs`
+keeps, per bucket of batch sizes, static buffers of the bucket's size that
+the forward reads, captures the forward once over them (`torch.cuda.graph`,
+after a warm-up on a side stream as PyTorch's `torch.cuda.graphs`
+documentation asks), and per step copies the step's batch into them and
+replays the graph. The graph starts by translating the virtual rows and ids
+to physical pages and slots, one gather per band from the pool's device
+page tables (`KVViews.translate_pages` / `translate_slots`), so a page move
+between steps changes only the tables the gather reads. Rows past the
+step's B are padding: token 0 at position 0, KV length 1, virtual row 0 and
+virtual id 0, which translate to the sink, so they write and read only the
+pool's sink (DESIGN.md: page 0 holds no data). The rows are `max_pages`
+wide so that one capture serves every length.
 
 Without `capture` (the CPU) the same static buffers run eagerly: the
 padding and bucketing are the same, only the capture is skipped; the CPU
@@ -34,11 +38,12 @@ class _Bucket:
     pos: Any
     cu_q: Any
     seq_lens: Any
-    tables: dict
-    slots: dict
+    rows: Any  # [n, max_pages] int64 virtual pages
+    vids: Any  # [n] int64 virtual token ids written
     graph: Any = None
     out: Any = None
     steps: int = field(default=0)
+    filled: tuple[int, int] = (0, 0)  # rows and columns the last fill wrote (the rest is padding)
 
 
 class DecodeGraphs:
@@ -81,11 +86,14 @@ class DecodeGraphs:
 
     def run(self, batch) -> Any:
         """Greedy next tokens `[B]` of a padded (decode-only) `StepBatch`, or
-        None when no bucket fits it (the caller runs it eagerly)."""
+        None when no bucket fits it or it carries no virtual rows (a
+        `readable` batch): the caller runs it eagerly."""
         b = len(batch.requests)
         n = self.bucket(b)
-        width = max(t.shape[1] for t in batch.block_tables.values())
-        if batch.layout != "padded" or n is None or width > self.max_pages:
+        if batch.layout != "padded" or n is None or batch.page_rows is None:
+            return None
+        width = int(batch.page_rows.shape[1])
+        if width > self.max_pages:
             return None
         st = self._buckets.get(n) or self._build(n)
         self._fill(st, batch, b, width)
@@ -104,30 +112,39 @@ class DecodeGraphs:
             pos=torch.zeros((n, 1), dtype=torch.int64, device=dev),
             cu_q=torch.arange(n + 1, dtype=torch.int32, device=dev),
             seq_lens=torch.ones(n, dtype=torch.int32, device=dev),
-            tables={band: torch.zeros((n, self.max_pages), dtype=torch.int32, device=dev) for band in self.bands},
-            slots={band: torch.zeros(n, dtype=torch.int64, device=dev) for band in self.bands})
+            rows=torch.zeros((n, self.max_pages), dtype=torch.int64, device=dev),
+            vids=torch.zeros(n, dtype=torch.int64, device=dev))
 
     def _fill(self, st: _Bucket, batch, b: int, width: int) -> None:
-        """Copy the step into the bucket's buffers; the rows past `b` pad."""
+        """Copy the step into the bucket's buffers; the rows past `b` pad.
+
+        Only what the last fill left live outside this step's `[b, width]`
+        is reset to padding (`st.filled`): a steady batch costs five copies
+        and no fills (each a launch of host time on a GPU)."""
+        live_b, live_w = st.filled
         st.ids[:b].copy_(batch.input_ids, non_blocking=True)
-        st.ids[b:].zero_()
         st.pos[:b].copy_(batch.position_ids, non_blocking=True)
-        st.pos[b:].zero_()
         st.seq_lens[:b].copy_(batch.seq_lens, non_blocking=True)
-        st.seq_lens[b:].fill_(1)
-        for band in self.bands:
-            table = st.tables[band]
-            table[:b, :width].copy_(batch.block_tables[band], non_blocking=True)
-            table[:b, width:].zero_()
-            table[b:].zero_()
-            st.slots[band][:b].copy_(batch.write_slots[band], non_blocking=True)
-            st.slots[band][b:].zero_()
+        st.rows[:b, :width].copy_(batch.page_rows, non_blocking=True)
+        st.vids[:b].copy_(batch.write_vids, non_blocking=True)
+        if live_b > b:  # rows the last step used and this one pads
+            st.ids[b:live_b].zero_()
+            st.pos[b:live_b].zero_()
+            st.seq_lens[b:live_b].fill_(1)
+            st.rows[b:live_b].zero_()
+            st.vids[b:live_b].zero_()
+        if live_w > width:  # columns past this step's widest request
+            st.rows[:min(b, live_b), width:live_w].zero_()
+        st.filled = (b, width)
 
     def _forward(self, st: _Bucket) -> Any:
         from unikv.sim.real.attention import StepContext, use_step
 
-        ctx = StepContext(views=self.views, block_tables=st.tables, cu_q=st.cu_q, seq_lens=st.seq_lens,
-                          write_slots=st.slots, layout="padded")
+        # inside the capture: the pool's device tables are read at replay time (committed by the batch build)
+        tables = {band: self.views.translate_pages(st.rows, band) for band in self.bands}
+        slots = {band: self.views.translate_slots(st.vids, band) for band in self.bands}
+        ctx = StepContext(views=self.views, block_tables=tables, cu_q=st.cu_q, seq_lens=st.seq_lens,
+                          write_slots=slots, layout="padded")
         with use_step(ctx):
             logits = self.model(input_ids=st.ids, position_ids=st.pos, use_cache=False).logits
         return logits[:, -1].argmax(-1)

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from unikv.kernels.translate.reference import translate as translate_tokens
+from unikv.kernels.translate.reference import translate_pages
+
 KINDS = ("kv", "latent")
 
 
@@ -119,6 +122,8 @@ class KVViews:
             _check_band(pool, band, members)
             self.device = pages.device
             self._build_band(pages, members)
+        # the pool's device v2p per band: the same tensors for the pool's life (a numpy arena is wrapped)
+        self._v2p = {band: _as_tensor(pool.page_table(band), None) for band in self.bands}
 
     def _build_band(self, pages: torch.Tensor, members: list[LayerKV]) -> None:
         """Views of each member layer over the band's `[P, page_bytes]` grid."""
@@ -193,6 +198,49 @@ class KVViews:
             pages = torch.from_numpy(np.asarray(slots) // self.page_size).to(torch.int32)
             return pages.to(self.device).reshape(len(lens), w)
         return (slots // self.page_size).to(torch.int32).reshape(len(lens), w)
+
+    def page_tables(self) -> dict[str, torch.Tensor]:
+        """Band -> the pool's device `v2p` table (int64, indexed by virtual
+        page), committed first. The tensors are the same objects every call
+        (the pool's device arena), so a captured CUDA graph may read them:
+        a replay sees the tables as the last commit left them."""
+        self._pool.commit()
+        return self._v2p
+
+    def translate_pages(self, v_pages: torch.Tensor, band: str) -> torch.Tensor:
+        """Virtual page ids -> the band's physical pages, on the device.
+
+        The fast twin of `block_table`: one gather from the pool's device
+        `v2p` (no host translate, no device read). Tombstoned or unbound
+        pages (-1 in `v2p`) and page 0 (the padding) give 0, the sink.
+        Commit the tables first (`page_tables()`); inside a captured graph
+        the gather reads them at replay time.
+
+        Args:
+            v_pages: int64 (or int32) virtual page ids of any shape
+                (`PageRows.gather`: `[B, W]`), on the views' device.
+            band: one of the views' bands.
+        Returns:
+            int32 physical pages, `v_pages`' shape.
+        """
+        v2p = self._v2p.get(band)
+        if v2p is None:
+            raise ValueError(f"band={band!r} is not one of the views' bands {self.bands}")
+        return translate_pages(v_pages, v2p).to(torch.int32)
+
+    def translate_slots(self, v_tokens: torch.Tensor, band: str) -> torch.Tensor:
+        """Virtual token ids -> the band's physical slots (`pool.translate`'s
+        values), by one gather from the device `v2p`; tombstones -> 0.
+
+        Args:
+            v_tokens: `[T]` int64 virtual token ids on the views' device.
+        Returns:
+            `[T]` int64 physical slot ids.
+        """
+        v2p = self._v2p.get(band)
+        if v2p is None:
+            raise ValueError(f"band={band!r} is not one of the views' bands {self.bands}")
+        return translate_tokens(v_tokens, v2p, self.page_size)
 
     def write(self, layer: int, slots, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
         """Store N tokens' K / V of `layer` at physical `slots` of its band.

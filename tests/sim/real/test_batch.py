@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from unikv.sim.memory import Memory  # noqa: E402
-from unikv.sim.real.batch import build_batch  # noqa: E402
+from unikv.sim.real.batch import BlockRows, build_batch  # noqa: E402
 from unikv.sim.real.tokens import TokenSource  # noqa: E402
 from unikv.sim.request import Request  # noqa: E402
 from unikv.sim.scheduler import Scheduler, StepPlan  # noqa: E402
@@ -102,3 +102,83 @@ def test_an_empty_plan_is_refused():
     with pytest.raises(ValueError, match="plans no request"):
         build_batch(StepPlan(3, [], [], 0, np.empty(0, np.int64), True), pool,
                     TokenSource(vocab_size=5, block_tokens=None), {}, ["full"])
+
+
+def same_tables(plan, pool, bands, rows):
+    """The device path (`rows` kept across steps) against the readable one."""
+    src = TokenSource(vocab_size=50, block_tokens=None)
+    generated = {r.rid: [1] * 64 for r in plan.decode + [r for r, _ in plan.prefill]}
+    fast = build_batch(plan, pool, src, generated, bands, block_rows=rows)
+    ref = build_batch(plan, pool, src, generated, bands, readable=True)
+    assert ref.page_rows is None and fast.page_rows is not None
+    for band in bands:
+        assert torch.equal(fast.block_tables[band], ref.block_tables[band]), (plan.index, band)
+        assert torch.equal(fast.write_slots[band], ref.write_slots[band]), (plan.index, band)
+    return fast
+
+
+def test_window_pages_the_pool_took_back_read_the_sink_in_the_kept_rows():
+    """A window-only pool: released pages' ids go back to the pool (GONE in
+    `Request.pages`) and are handed to other requests; the kept rows must
+    read 0 there, not the new owner's page."""
+    bands = [Band("swa", entry_bytes=64, grow="up", page_size=PS, blocks_per_page=2)]
+    pool = UnifiedPool(Layout(total_bytes=64 * PS * 14, bands=bands), backend=SimBackend(), compaction="lazy")
+    mem = Memory(pool, window_tokens=4, block_tokens=None)
+    assert mem.release_drops
+    sched = Scheduler(mem, max_running=4, prefill_tokens_per_step=16, max_tokens=10**6)
+    rows = BlockRows(pool, ["swa"])
+    for i in range(4):
+        sched.arrive(Request(i, 0.0, 9 + 3 * i, 12))
+    gone = steps = 0
+    for step in range(40):
+        plan = sched.plan(float(step))
+        if not plan.prefill and not plan.decode:
+            break
+        batch = same_tables(plan, pool, ["swa"], rows)
+        gone += sum(p == 0 for r in batch.requests for p in r.pages)
+        sched.complete(plan, float(step))
+        steps += 1
+    assert steps > 10 and gone > 0
+
+
+def test_rows_of_finished_and_retracted_requests_are_closed_and_readmissions_get_fresh_rows():
+    pool, sched = setup(budget=32)
+    rows = BlockRows(pool, ["full"])
+    a, b = Request(0, 0.0, 6, 2), Request(1, 0.0, 5, 8)
+    sched.arrive(a), sched.arrive(b)
+    t = 0
+    while a.finished_s is None:  # a finishes after its second token
+        plan = sched.plan(float(t))
+        same_tables(plan, pool, ["full"], rows)
+        sched.complete(plan, float(t))
+        t += 1
+    assert rows.open_rows() == 2  # a's row closes at the next step
+    plan = sched.plan(float(t))
+    same_tables(plan, pool, ["full"], rows)
+    sched.complete(plan, float(t))
+    assert rows.open_rows() == 1
+    first = rows.rows_of([b])[0]
+    sched._retract_newest(t + 1.0)
+    plan = sched.plan(t + 2.0)  # b readmitted: a new page list, its row rewritten
+    same_tables(plan, pool, ["full"], rows)
+    row = rows.rows_of([b])[0]  # the closed row, zeroed and handed out again
+    width = rows.rows.width
+    want = b.pages + [0] * (width - len(b.pages))
+    assert rows.open_rows() == 1 and row == first and rows.rows.gather([row], width)[0].tolist() == want
+
+
+def test_the_pools_rows_go_with_the_pool():
+    """`rows_for` keeps one BlockRows per pool, weakly: a finished run's pool
+    and its rows are collected."""
+    import gc
+    import weakref
+
+    from unikv.sim.real.batch import rows_for
+
+    pool = setup()[0]
+    rows = rows_for(pool, ["full"])
+    assert rows_for(pool, ["full"]) is rows
+    gone = weakref.ref(pool)
+    del pool, rows
+    gc.collect()
+    assert gone() is None

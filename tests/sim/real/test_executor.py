@@ -25,6 +25,7 @@ pytest.importorskip("transformers")
 from unikv.sim.config import RunConfig, SchedulerConfig  # noqa: E402
 from unikv.sim.memory import Memory  # noqa: E402
 from unikv.sim.real import executor as real_executor  # noqa: E402
+from unikv.sim.real.batch import build_batch  # noqa: E402
 from unikv.sim.request import Request  # noqa: E402
 from unikv.sim.run import run  # noqa: E402
 
@@ -89,6 +90,7 @@ def replay(tmp_path, monkeypatch, name: str, compaction: str, budget_gib: float,
         retract(self, req, now)
 
     monkeypatch.setattr(Memory, "retract", counting_retract)
+    monkeypatch.setattr(real_executor, "build_batch", lockstep_build)
     config = RunConfig(trace="test", model=str(path), kv_cache_dtype="fp32", executor="real", real_clock=clock,
                        device=device, decode_graphs=graphs,
                        kv_budget_gib=budget_gib, page_size=4, layout=layout, compaction=compaction,
@@ -96,6 +98,24 @@ def replay(tmp_path, monkeypatch, name: str, compaction: str, budget_gib: float,
                            max_running=16, prefill_tokens_per_step=48, reserve_init=0.0, reserve_min=0.0,
                            reserve_decay=0.0))
     return run(config, trace_df=trace()), built["ex"], retracted_at
+
+
+LOCKSTEP = {"steps": 0, "cells": 0}
+
+
+def lockstep_build(plan, pool, *args, **kwargs):
+    """`build_batch` (virtual rows kept on the device across steps, translated
+    there), checked each step against its readable twin (`readable=True`:
+    every page translated on the host tables): equal block tables (released,
+    unbound and padding pages 0, the sink) and write slots on every band."""
+    fast = build_batch(plan, pool, *args, **kwargs)
+    ref = build_batch(plan, pool, *args, readable=True, **kwargs)
+    for band in ref.block_tables:
+        assert torch.equal(fast.block_tables[band], ref.block_tables[band]), (plan.index, band)
+        assert torch.equal(fast.write_slots[band], ref.write_slots[band]), (plan.index, band)
+        LOCKSTEP["cells"] += ref.block_tables[band].numel()
+    LOCKSTEP["steps"] += 1
+    return fast
 
 
 def reference(model, prompt: np.ndarray, n: int) -> list[int]:
@@ -133,7 +153,9 @@ def test_greedy_tokens_through_the_pool_equal_transformers_own_cache(tmp_path, m
                                                                      compaction, budget_gib, device, graphs):
     """`graphs`: decode steps through the per-bucket static buffers
     (`sim.real.graphs`; captured as CUDA graphs on a GPU)."""
+    steps_before = LOCKSTEP["steps"]
     res, ex, retracted_at = replay(tmp_path, monkeypatch, name, compaction, budget_gib, device, graphs)
+    assert LOCKSTEP["steps"] - steps_before == len(res.steps)  # every step checked against the readable tables
     if graphs:
         assert res.summary["graph_steps"] > 0
         captured = res.summary["graph_captured"]

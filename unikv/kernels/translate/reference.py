@@ -28,3 +28,19 @@ def translate(
     phys = v2p.index_select(0, pages)
     ids = phys * (page_size * multiplier) + offsets
     return torch.where(phys < 0, torch.zeros_like(ids), ids)
+
+
+def translate_pages(v_pages: torch.Tensor, v2p: torch.Tensor) -> torch.Tensor:
+    """Virtual page ids (any shape) -> physical pages; tombstones (-1) -> 0.
+
+    What an engine's block table needs: one gather from `v2p`, so the
+    tables can hold virtual pages and a move changes only `v2p`.
+
+    Args:
+        v_pages: int64 / int32 virtual page ids inside `v2p`, any shape.
+        v2p: int64 [virtual pages] table, -1 where unbound.
+    Returns:
+        int64, `v_pages`' shape.
+    """
+    phys = v2p.index_select(0, v_pages.reshape(-1))
+    return phys.clamp_(min=0).view(v_pages.shape)
