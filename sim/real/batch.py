@@ -34,7 +34,6 @@ readable version the tests hold the device path equal to.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -188,7 +187,7 @@ class BlockRows:
 
         from unikv.tensors import PageRows
 
-        self.bands = tuple(bands)  # no reference to the pool: `rows_for` keys on it weakly
+        self.bands = tuple(bands)
         self.rows = PageRows(device)
         self._held: dict[int, _Held] = {}
         # the pool's device v2p per band: the same memory for the pool's life
@@ -258,24 +257,6 @@ class _Translated(Mapping):
         return len(self._bands)
 
 
-_ROWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def rows_for(pool, bands: Sequence[str], device: Any = "cpu") -> BlockRows:
-    """The `BlockRows` of `pool` (one per pool, made on first use, gone with
-    the pool), for callers that hold none of their own."""
-    held = _ROWS.get(pool)
-    if held is None or held.bands != tuple(bands) or str(held.rows.device) != str(_device(device)):
-        held = _ROWS[pool] = BlockRows(pool, bands, device)
-    return held
-
-
-def _device(device: Any):
-    import torch
-
-    return torch.device(device)
-
-
 def build_batch(plan: StepPlan, pool, tokens: TokenSource, generated: Mapping[int, Sequence[int]],
                 bands: Sequence[str], device: Any = "cpu", block_rows: BlockRows | None = None,
                 readable: bool = False) -> StepBatch:
@@ -287,7 +268,9 @@ def build_batch(plan: StepPlan, pool, tokens: TokenSource, generated: Mapping[in
         generated: request id -> the tokens the model generated so far.
         bands: the token bands the model's layers store on.
         device: where the tensors go (the model's device).
-        block_rows: the run's `BlockRows` (default: the pool's, `rows_for`).
+        block_rows: the run's `BlockRows`, kept across its steps so a step
+            ships only the pages it added (default: a fresh one, every page
+            written: correct, and as slow as a rebuild).
         readable: build the physical tables on the host instead
             (`block_tables`, `pool.translate`): the reference the device
             path is held equal to; no `page_rows`.
@@ -329,7 +312,7 @@ def build_batch(plan: StepPlan, pool, tokens: TokenSource, generated: Mapping[in
     if readable:
         writes = {band: _tensor(pool.translate(vids, band), device) for band in bands}
         return StepBatch(block_tables=block_tables(pool, batch, bands, device), write_slots=writes, **common)
-    held = block_rows if block_rows is not None else rows_for(pool, bands, device)
+    held = block_rows if block_rows is not None else BlockRows(pool, bands, device)
     width = max(max(len(r.pages) for r in batch), 1)
     page_rows = held.rows.gather(held.rows_of(batch), width)
     pool.commit()  # the device tables as the step's allocator work left them

@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from unikv.sim.real.batch import StepBatch, build_batch
+from unikv.sim.real.batch import BlockRows, StepBatch, build_batch
 from unikv.sim.real.tokens import TokenSource
 from unikv.sim.scheduler import StepPlan
 
@@ -62,6 +62,7 @@ class RealExecutor:
         self.cuda = str(device).startswith("cuda")
         self.cost = cost
         self.graphs = graphs
+        self.rows = BlockRows(memory.pool, self.bands, device)  # requests' virtual pages, kept on the device
         self.generated: dict[int, list[int]] = {}  # rid -> the model's tokens, in order
         self.step_s: list[float] = []  # measured seconds of each step
         self.forward_s: list[float] = []  # of which the forward (CUDA events on CUDA; wall on the CPU)
@@ -100,7 +101,8 @@ class RealExecutor:
         import torch
 
         self._t0 = time.perf_counter()
-        batch = build_batch(plan, self.mem.pool, self.tokens, self.generated, self.bands, self.device)
+        batch = build_batch(plan, self.mem.pool, self.tokens, self.generated, self.bands, self.device,
+                            block_rows=self.rows)
         start = self._mark()
         picks = None
         if self.graphs is not None and batch.layout == "padded":

@@ -167,18 +167,15 @@ def test_rows_of_finished_and_retracted_requests_are_closed_and_readmissions_get
     assert rows.open_rows() == 1 and row == first and rows.rows.gather([row], width)[0].tolist() == want
 
 
-def test_the_pools_rows_go_with_the_pool():
-    """`rows_for` keeps one BlockRows per pool, weakly: a finished run's pool
-    and its rows are collected."""
-    import gc
-    import weakref
-
-    from unikv.sim.real.batch import rows_for
-
-    pool = setup()[0]
-    rows = rows_for(pool, ["full"])
-    assert rows_for(pool, ["full"]) is rows
-    gone = weakref.ref(pool)
-    del pool, rows
-    gc.collect()
-    assert gone() is None
+def test_a_fresh_default_rows_table_builds_the_same_batch():
+    """Without the run's `BlockRows`, build_batch writes every page into a
+    fresh one: the same tables as the kept rows, which ship only new pages."""
+    pool, sched = setup()
+    sched.arrive(Request(0, 0.0, 7, 3)), sched.arrive(Request(1, 0.0, 9, 2))
+    plan = sched.plan(0.0)
+    src = TokenSource(vocab_size=50, block_tokens=None)
+    kept = BlockRows(pool, ["full"])
+    fast = build_batch(plan, pool, src, {}, ["full"], block_rows=kept)
+    fresh = build_batch(plan, pool, src, {}, ["full"])
+    assert torch.equal(fast.block_tables["full"], fresh.block_tables["full"])
+    assert torch.equal(fast.write_slots["full"], fresh.write_slots["full"])
