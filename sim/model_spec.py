@@ -184,7 +184,13 @@ class ModelSpec:
         attention_pair_flops: (full, window) FLOPs of one query token on one
             attended position, summed over the band's attention layers (2 x
             query heads x (head_dim_k + head_dim_v) per layer; the roofline's
-            attention term, `sim.roofline`); None: unknown.
+            attention term, `sim.roofline`); None: unknown. For MLA, the
+            prefill (non-absorbed) form's: 2 x query heads x
+            (qk_nope_head_dim + qk_rope_head_dim + v_head_dim) per layer.
+        mla_flops: an MLA model's (decode pair FLOPs of the absorbed form,
+            FLOPs of up-projecting one cached latent token for a prefill
+            chunk), summed over the MLA layers (`sim.model_compute`); None:
+            not MLA, or unknown.
         routed_experts / experts_per_token: an MoE model's routed experts per
             MoE layer and the top-k each token picks (None: dense or unknown).
         conv_state_dtype / ssm_state_dtype: of STATE_ELEMENT_DTYPES.
@@ -212,6 +218,7 @@ class ModelSpec:
     model_type: str | None = None
     kv_cache_dtype: str = "bf16"
     attention_pair_flops: tuple[int, int] | None = None
+    mla_flops: tuple[int, int] | None = None
     routed_experts: int | None = None
     experts_per_token: int | None = None
     conv_state_dtype: str = "bf16"
@@ -245,6 +252,7 @@ class ModelSpec:
                              "(full, window) FLOPs or None")
         for value in self.attention_pair_flops or ():
             check_int(owner, "attention_pair_flops", value, minimum=0)
+        self._check_mla_flops(owner)
         if (self.routed_experts is None) != (self.experts_per_token is None) or \
                 (self.routed_experts or 0) < (self.experts_per_token or 0):
             raise ValueError(f"{owner}: routed_experts={self.routed_experts!r} and experts_per_token="
@@ -255,6 +263,18 @@ class ModelSpec:
         if self.token_kinds or self.state_kinds:
             self._check_band_view(owner)
         object.__setattr__(self, "sources", dict(self.sources))
+
+    def _check_mla_flops(self, owner: str) -> None:
+        if self.mla_flops is None:
+            return
+        if not (isinstance(self.mla_flops, tuple) and len(self.mla_flops) == 2):
+            raise ValueError(f"{owner}: mla_flops={self.mla_flops!r} must be (decode pair FLOPs, "
+                             "cached-token up-projection FLOPs) or None")
+        for value in self.mla_flops:
+            check_int(owner, "mla_flops", value, minimum=0)
+        if self.attention_pair_flops is None or self.attention_pair_flops[1]:
+            raise ValueError(f"{owner}: mla_flops={self.mla_flops!r} needs attention_pair_flops=(prefill "
+                             f"pair FLOPs, 0), got {self.attention_pair_flops!r} (MLA has no window layers)")
 
     def _check_dtypes(self, owner: str) -> None:
         if self.state_dtype not in STATE_DTYPES:

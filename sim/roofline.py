@@ -12,6 +12,11 @@ band's layers). A prefill chunk of c tokens over p cached positions attends
 c * p + c (c + 1) / 2 pairs in a full layer; a window bounds each token's
 pairs in a window layer; a decoder attends its whole context.
 
+An MLA model (`ModelSpec.mla_flops`) runs the two forms engines run: prefill
+chunks pay `attention_pair_flops` per pair (the non-absorbed MHA form) plus
+the up-projection of each chunk's cached tokens, decoders pay the absorbed
+form's pair FLOPs.
+
 `weight_bytes_read` is what the step's tokens touch: an MoE layer's routed
 experts are read only where some token routes to them. N tokens each
 choosing top-k of E experts uniformly touch E (1 - (1 - k/E)^N) distinct
@@ -95,6 +100,10 @@ class Roofline:
         self.model, self.hw = model, hw
         self.window = model.window_tokens if model.swa_layers else None
         self.pair_flops = model.attention_pair_flops or (0, 0)
+        # (decode pair, cached token) FLOPs: MLA's absorbed decode and re-expanded cache
+        self.decode_pair_flops: int
+        self.cached_token_flops: int
+        self.decode_pair_flops, self.cached_token_flops = model.mla_flops or (self.pair_flops[0], 0)
         self.meta = model.meta_tokens
         self.moe = None
         if model.routed_experts and model.experts_per_token and model.params_total and model.params_active:
@@ -113,18 +122,18 @@ class Roofline:
         full_f, swa_f = self.pair_flops
         if not (full_f or swa_f):
             return 0.0
-        full = shape.decode_context_tokens
-        swa = shape.decode_window_tokens
-        queries = decode_tokens
+        # every query also attends the shared meta tokens (Hymba), in every layer
+        decode = shape.decode_context_tokens + self.meta * decode_tokens
+        prefill = cached_total = 0
+        swa = shape.decode_window_tokens + self.meta * decode_tokens
         for chunk, cached in shape.prefill:
-            full += window_pairs(cached, chunk, None)
+            prefill += window_pairs(cached, chunk, None) + self.meta * chunk
             if swa_f:
                 swa += window_pairs(cached, chunk, self.window)
-            queries += chunk
-        # every query also attends the shared meta tokens (Hymba), in every layer
-        full += self.meta * queries
-        swa += self.meta * queries
-        return full_f * full + swa_f * swa
+            swa += self.meta * chunk
+            cached_total += cached
+        return (full_f * prefill + self.decode_pair_flops * decode + swa_f * swa
+                + self.cached_token_flops * cached_total)
 
     def weight_bytes_read(self, weights: float, tokens: int) -> float:
         """Weight bytes a step of `tokens` tokens reads (MoE: the touched experts)."""

@@ -2,6 +2,7 @@
 
 import dataclasses
 import itertools
+from pathlib import Path
 
 import pytest
 from unikv.sim import cost as cost_model
@@ -122,3 +123,40 @@ def test_shape_of_a_partial_batch_walks_its_decoders():
     assert shape_of(whole, memory, 1024) == StepShape(((40, 60),), 3750, 1774)
     other_cap = NS(held_seq=3850, held_window=0, window_cap=2048)  # not the model's window: walked
     assert shape_of(whole, other_cap, 1024) == StepShape(((40, 60),), 3750, 1774)
+
+
+V2_LITE = load_model(str(Path(__file__).resolve().parents[1] / "data" / "configs"
+                         / "deepseek-ai--DeepSeek-V2-Lite-Chat_config.json"))
+
+
+def test_mla_prefill_pays_the_mha_form_and_the_cache_up_projection_decode_the_absorbed_form():
+    # DeepSeek-V2-Lite: 27 MLA layers x 16 heads; nope 128, rope 64, v 128, kv_lora_rank 512
+    prefill_pair, decode_pair = 27 * 16 * 2 * (128 + 64 + 128), 27 * 16 * 2 * (512 + 64 + 512)
+    up_projection = 27 * 2 * 512 * 16 * (128 + 128)  # kv_b_proj on each cached latent token
+    roof = Roofline(V2_LITE, H200)
+    chunk_pairs = 8192 * 1000 + 8192 * 8193 // 2
+    got = roof.attention_flops(StepShape(prefill=((8192, 1000),), decode_context_tokens=64 * 4096),
+                               decode_tokens=64)
+    assert got == prefill_pair * chunk_pairs + up_projection * 1000 + decode_pair * 64 * 4096
+    two = roof.attention_flops(StepShape(prefill=((100, 0), (50, 300))), decode_tokens=0)
+    assert two == prefill_pair * (100 * 101 // 2 + 50 * 300 + 50 * 51 // 2) + up_projection * 300
+    assert roof.corrections["attention_flops"]
+
+
+def test_mla_step_times_by_hand_on_the_h200():
+    flops = H200.peak_flops * H200.mfu
+    dense = 2 * V2_LITE.params_active
+    prefill = step_cost(V2_LITE, H200, prefill_tokens=8192, decode_tokens=0, kv_bytes_read=0, moved_bytes=0,
+                        shape=StepShape(prefill=((8192, 0),)))
+    assert prefill.compute_s == pytest.approx((dense * 8192 + 276_480 * 8192 * 8193 // 2) / flops)
+    decode = step_cost(V2_LITE, H200, prefill_tokens=0, decode_tokens=64, kv_bytes_read=0, moved_bytes=0,
+                       shape=StepShape(decode_context_tokens=64 * 4096))
+    assert decode.compute_s == pytest.approx((dense * 64 + 940_032 * 64 * 4096) / flops)
+
+
+def test_a_model_without_mla_charges_one_pair_figure_for_prefill_and_decode():
+    roof = Roofline(LLAMA, H200)
+    assert (roof.decode_pair_flops, roof.cached_token_flops) == (LLAMA.attention_pair_flops[0], 0)
+    shape = StepShape(prefill=((512, 3000),), decode_context_tokens=9000)
+    assert roof.attention_flops(shape, decode_tokens=7) == LLAMA.attention_pair_flops[0] * (
+        window_pairs(3000, 512, None) + 9000)
