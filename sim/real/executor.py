@@ -225,6 +225,10 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
     folded = "swa" not in {b.name for b in pool.layout.token_bands}
     placed = layers.model_layers(lm.config, real_model.torch_dtype(dtype),
                                  bands={"sliding": "full"} if folded else None)
+    try:
+        layers.check_stateless(placed, lm.config)  # its forward would drop the state between steps
+    except ValueError as exc:
+        raise ValueError(f"model={config.model!r}: {exc}") from None
     if not folded and placed.window_tokens != memory.window:
         raise ValueError(f"model={config.model!r}: the model slides over {placed.window_tokens} tokens, the "
                          f"layout's window band over {memory.window}")

@@ -20,7 +20,8 @@ transformers' modeling code does (5.17 and 5.24 alike):
 `check_layout(layers, layout)` holds that description against the bands
 unikv's `build_layout` made for the same config: the bytes per token of each
 band must be equal (K and V of every layer of the band), else the views
-would misread the pool.
+would misread the pool. `check_stateless(layers)` refuses recurrent layers
+for a forward that binds no recurrent state (the real executor's, for now).
 """
 
 from __future__ import annotations
@@ -151,3 +152,24 @@ def check_layout(layers: ModelLayers, layout) -> None:
         if have[name].blocks_per_page != blocks:
             raise ValueError(f"band {name!r}: the model's layers make {blocks} blocks per page; "
                              f"the layout's band has blocks_per_page={have[name].blocks_per_page}")
+
+
+def check_stateless(layers: ModelLayers, config=None) -> None:
+    """Refuse a model with recurrent layers for a forward that carries no
+    recurrent state between steps (the real executor runs `use_cache=False`:
+    each step's Mamba / DeltaNet / conv layers would start from zero state,
+    and decode would yield wrong tokens without an error).
+
+    Args:
+        config: the transformers config, to name its layer types (optional).
+    Raises:
+        ValueError: naming the recurrent layers (and their types).
+    """
+    if not layers.recurrent:
+        return
+    c = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    types = getattr(c, "layer_types", None) if c is not None else None
+    kinds = sorted({types[i] for i in layers.recurrent}) if types else ["recurrent"]
+    raise ValueError(f"layers {list(layers.recurrent)} keep recurrent state ({', '.join(kinds)}), which the real "
+                     "executor does not carry between steps yet (sim/real/state.py binds it outside the "
+                     "scheduler); expected a model whose layers are all attention")

@@ -1,7 +1,8 @@
 """Recurrent state in the pool's state slots, bound to a transformers model around each forward.
 
 transformers' torch Mamba-2 path (Nemotron-H: `NemotronHMamba2Mixer.forward`
-in transformers/models/nemotron_h/modeling_nemotron_h.py) reads and writes its
+in transformers/models/nemotron_h/modeling_nemotron_h.py) and its short-conv
+layers (LFM3: `Lfm3ShortConv.forward`, transformers 5.24) read and write their
 state through the cache object (`Cache.get_conv_state`,
 `update_conv_state`, `update_recurrent_state`; the layers are
 `LinearAttentionLayer` in transformers/cache_utils.py), one dense
@@ -21,6 +22,9 @@ Layout in a slot, per recurrent layer (ascending layer index):
 - `ssm`: `(heads, head_dim, d_state)` in fp32: `mamba2_chunk_scan` returns
   the final state in fp32 and the decode update keeps the cache's dtype
   (Nemotron-H's `mamba_ssm_cache_dtype` defaults to "float32").
+A short-conv layer keeps only `conv`: `(hidden, L_cache - 1)` (its
+`causal_conv1d_update` discards the oldest column's output the same way;
+vLLM `short_conv_state_shape`, unikv's `sim/model_states.py`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ if TYPE_CHECKING:
     import torch
 
 _MIXER_FIELDS = ("layer_idx", "conv_dim", "conv_kernel_size", "num_heads", "head_dim", "ssm_state_size")
+_SHORT_CONV_FIELDS = ("layer_idx", "conv_kernel_size", "conv", "in_proj", "out_proj")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +59,30 @@ class Mamba2Geometry:
     heads: int
     head_dim: int
     d_state: int
+
+    @property
+    def ssm_shape(self) -> tuple[int, ...] | None:
+        return (self.heads, self.head_dim, self.d_state)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShortConvGeometry:
+    """The per-request state shape of one short-conv layer (LFM2 / LFM3):
+    a conv state only.
+
+    Attributes:
+        layer: the model's layer index.
+        conv_dim: conv channels (the hidden size).
+        d_conv: the conv kernel width, `conv_L_cache` (the pool keeps `d_conv - 1` columns).
+    """
+
+    layer: int
+    conv_dim: int
+    d_conv: int
+
+    @property
+    def ssm_shape(self) -> tuple[int, ...] | None:
+        return None  # no recurrent (SSM) state
 
 
 def mamba2_layers(model) -> tuple[Mamba2Geometry, ...]:
@@ -76,11 +105,31 @@ def mamba2_layers(model) -> tuple[Mamba2Geometry, ...]:
          for m in found), key=lambda g: g.layer))
 
 
+def recurrent_layers(model) -> tuple[Mamba2Geometry | ShortConvGeometry, ...]:
+    """The recurrent layers of a transformers model, in layer order: its
+    Mamba-2 mixers, else its short-conv layers (`Lfm3ShortConv`: layer_idx,
+    conv_kernel_size, a depthwise `conv`, in_proj, out_proj).
+
+    Raises:
+        ValueError: the model has neither.
+    """
+    if any(all(hasattr(m, f) for f in _MIXER_FIELDS) for m in model.modules()):
+        return mamba2_layers(model)
+    found = [m for m in model.modules() if all(hasattr(m, f) for f in _SHORT_CONV_FIELDS)]
+    if not found:
+        raise ValueError(f"model {type(model).__name__}: no Mamba-2 mixer (a module with "
+                         f"{', '.join(_MIXER_FIELDS)}) and no short-conv layer (a module with "
+                         f"{', '.join(_SHORT_CONV_FIELDS)})")
+    return tuple(sorted((ShortConvGeometry(layer=m.layer_idx, conv_dim=m.conv.in_channels,
+                                           d_conv=m.conv_kernel_size) for m in found),
+                        key=lambda g: g.layer))
+
+
 def layer_states(model, band: str = "mamba", *, conv_dtype=None, ssm_dtype=None) -> tuple[LayerState, ...]:
-    """The `LayerState` of every Mamba-2 layer of `model`, for `StateViews`.
+    """The `LayerState` of every recurrent layer of `model` (`recurrent_layers`), for `StateViews`.
 
     Args:
-        model: a transformers model with Mamba-2 mixers.
+        model: a transformers model with Mamba-2 mixers or short-conv layers.
         band: the pool's state band.
         conv_dtype: the conv state's dtype; None: the model's dtype (what
             transformers' cache keeps).
@@ -90,9 +139,13 @@ def layer_states(model, band: str = "mamba", *, conv_dtype=None, ssm_dtype=None)
 
     conv_dtype = model.dtype if conv_dtype is None else conv_dtype
     ssm_dtype = torch.float32 if ssm_dtype is None else ssm_dtype
-    return tuple(LayerState(g.layer, band, (("conv", (g.conv_dim, g.d_conv - 1), conv_dtype),
-                                            ("ssm", (g.heads, g.head_dim, g.d_state), ssm_dtype)))
-                 for g in mamba2_layers(model))
+    out = []
+    for g in recurrent_layers(model):
+        tensors: list[tuple[str, tuple[int, ...], Any]] = [("conv", (g.conv_dim, g.d_conv - 1), conv_dtype)]
+        if g.ssm_shape is not None:
+            tensors.append(("ssm", g.ssm_shape, ssm_dtype))
+        out.append(LayerState(g.layer, band, tuple(tensors)))
+    return tuple(out)
 
 
 def cache_kwarg(model) -> str:
@@ -120,8 +173,9 @@ class StateBinder:
     cache before a forward, and scatters it back after.
 
     Args:
-        model: the transformers model (its Mamba-2 mixers name the layers).
-        views: `StateViews` over the pool, holding every Mamba-2 layer of
+        model: the transformers model (its Mamba-2 mixers or short-conv
+            layers name the layers: `recurrent_layers`).
+        views: `StateViews` over the pool, holding every such layer of
             `model` with the shapes `layer_states(model)` gives.
     Raises:
         ValueError: a mixer's layer is missing from `views` or its shape
@@ -137,16 +191,18 @@ class StateBinder:
                              "(the linear-attention cache API of transformers 5.24, cache_utils.py); "
                              "expected a transformers with it")
         self.config = model.config
-        self.layers = mamba2_layers(model)
+        self.layers = recurrent_layers(model)
         self.views = views
         self._cache: Any = None  # the last batch's cache, reused while its batch size holds
         self._cache_batch = 0
         for g in self.layers:
-            conv, ssm = views.get(g.layer, "conv"), views.get(g.layer, "ssm")
-            want = ((g.conv_dim, g.d_conv - 1), (g.heads, g.head_dim, g.d_state))
-            if (tuple(conv.shape[1:]), tuple(ssm.shape[1:])) != want:
-                raise ValueError(f"StateBinder: layer {g.layer}: views hold conv {tuple(conv.shape[1:])}, "
-                                 f"ssm {tuple(ssm.shape[1:])}; the model needs conv {want[0]}, ssm {want[1]}")
+            conv = views.get(g.layer, "conv")
+            ssm = views.get(g.layer, "ssm") if g.ssm_shape is not None else None
+            want = ((g.conv_dim, g.d_conv - 1), g.ssm_shape)
+            have = (tuple(conv.shape[1:]), None if ssm is None else tuple(ssm.shape[1:]))
+            if have != want:
+                raise ValueError(f"StateBinder: layer {g.layer}: views hold conv {have[0]}, "
+                                 f"ssm {have[1]}; the model needs conv {want[0]}, ssm {want[1]}")
 
     def before(self, slots, *, fresh: bool = False) -> Any:
         """A `DynamicCache` for one forward over the requests in `slots`.
@@ -184,7 +240,8 @@ class StateBinder:
                 _drop_attention(layer)  # attention K/V of the last forward: the pool holds them
         for g in self.layers:
             conv_state(cache, g.layer)[..., 1:] = self.views.get(g.layer, "conv")[idx]
-            torch_index_select(self.views.get(g.layer, "ssm"), idx, recurrent_state(cache, g.layer))
+            if g.ssm_shape is not None:
+                torch_index_select(self.views.get(g.layer, "ssm"), idx, recurrent_state(cache, g.layer))
         return cache
 
     def _new_cache(self, idx: torch.Tensor) -> Any:
@@ -198,7 +255,8 @@ class StateBinder:
             full = conv.new_zeros((len(idx), g.conv_dim, g.d_conv))
             full[..., 1:] = conv[idx]  # the oldest column never reaches a kept output
             cache.update_conv_state(full, g.layer, conv_kernel_size=g.d_conv)
-            cache.update_recurrent_state(self.views.get(g.layer, "ssm")[idx], g.layer)
+            if g.ssm_shape is not None:
+                cache.update_recurrent_state(self.views.get(g.layer, "ssm")[idx], g.layer)
         return cache
 
     def after(self, cache, slots) -> None:
@@ -212,20 +270,21 @@ class StateBinder:
         idx = self._index(slots)
         for g in self.layers:
             conv = conv_state(cache, g.layer)
-            ssm = recurrent_state(cache, g.layer)
+            ssm = recurrent_state(cache, g.layer) if g.ssm_shape is not None else conv
             if conv is None or ssm is None or conv.shape[0] != len(idx) or ssm.shape[0] != len(idx):
                 raise ValueError(f"StateBinder.after: layer {g.layer}: the cache holds no state for "
                                  f"the {len(idx)} requests of slots (did the forward run with this cache?)")
             # index_put: on the CPU several times faster than index_copy_ into the strided view
             self.views.get(g.layer, "conv")[idx] = conv[..., 1:].to(self.views.get(g.layer, "conv").dtype)
-            self.views.get(g.layer, "ssm")[idx] = ssm.to(self.views.get(g.layer, "ssm").dtype)
+            if g.ssm_shape is not None:
+                self.views.get(g.layer, "ssm")[idx] = ssm.to(self.views.get(g.layer, "ssm").dtype)
 
     def _index(self, slots) -> torch.Tensor:
         """`slots` as an int64 index on the views' device; repeats are
         refused for host slots (a device tensor is not read back: no sync)."""
         import torch
 
-        device = self.views.get(self.layers[0].layer, "ssm").device
+        device = self.views.get(self.layers[0].layer, "conv").device
         idx = torch.as_tensor(slots, dtype=torch.int64).reshape(-1)
         if idx.device.type == "cpu" and len(set(idx.tolist())) != idx.numel():
             raise ValueError(f"StateBinder: slots={idx.tolist()} repeat a slot")

@@ -94,3 +94,24 @@ def test_a_config_transformers_cannot_build_is_refused(tmp_path):
     path.write_text(json.dumps(dict(CONFIG, model_type="no_such_model")))
     with pytest.raises(ValueError, match="transformers cannot build model_type='no_such_model'"):
         build_model(path)
+
+
+def test_a_model_with_recurrent_layers_is_refused(tmp_path):
+    """The real executor carries no recurrent state between steps: a
+    Nemotron-H (mamba + attention) replay would decode from zero state."""
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    source = Path(__file__).resolve().parents[1] / "data" / "configs" / "nvidia--Nemotron-H-56B-Base-8K_config.json"
+    cfg = json.loads(source.read_text())
+    cfg.pop("auto_map", None)
+    cfg.update(hidden_size=64, mamba_num_heads=4, mamba_head_dim=16, n_groups=2, ssm_state_size=16, conv_kernel=4,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_head_dim=16,
+               intermediate_size=128, vocab_size=256, chunk_size=8, hybrid_override_pattern="M*M*",
+               num_hidden_layers=4, time_step_rank=8, torch_dtype="float32")
+    path = tmp_path / "nemotron_h" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(cfg))
+    result, out = replay(tmp_path, path)
+    assert_refused(result, "layers [0, 2]", "recurrent state", "linear_attention")
+    assert not out.exists()

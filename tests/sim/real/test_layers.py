@@ -11,7 +11,7 @@ import torch
 import transformers
 from unikv.sim.layouts import build_layout
 from unikv.sim.models import load_model
-from unikv.sim.real.layers import check_layout, model_layers
+from unikv.sim.real.layers import check_layout, check_stateless, model_layers
 
 from unikv import Band, Layout
 
@@ -84,3 +84,10 @@ def test_configs_it_cannot_describe_are_refused_by_field():
     cfg.layer_types = ["full_attention"]
     with pytest.raises(ValueError, match="num_hidden_layers=2"):
         model_layers(cfg, torch.bfloat16)
+
+
+def test_check_stateless_names_the_recurrent_layers_and_their_types():
+    check_stateless(model_layers(hub_config("openai--gpt-oss-20b"), torch.bfloat16))  # attention only
+    cfg = hub_config("Qwen--Qwen3-Next-80B-A3B-Thinking")
+    with pytest.raises(ValueError, match=r"^layers \[0, 1, 2, 4, .*\] keep recurrent state \(linear_attention\)"):
+        check_stateless(model_layers(cfg, torch.bfloat16), cfg)
