@@ -26,6 +26,15 @@ from unikv.baselines import VllmPool
 # take no other): `HybridAttentionMambaModelConfig.verify_and_update_config`.
 BLOCK_ALIGN_TOKENS = 16
 KINDS = ("mamba", "swa", "full")  # chain order, as `sim.layouts.model_bands`
+# vLLM's `CacheConfig.mamba_cache_mode` (vllm/config/cache.py, `MambaCacheMode`),
+# the values modelled: "none" (no mamba prefix caching: v0.11's only behaviour,
+# the default here) and "align" (PR #30877, January 2026: the default of later
+# releases when prefix caching is on). "all" is refused by name (MAMBA_CACHE_ALL).
+MAMBA_CACHE_MODES = ("none", "align")
+DEFAULT_MAMBA_CACHE_MODE = "none"
+MAMBA_CACHE_ALL = ("'all' is not modelled: vLLM then aligns the block size to the mamba kernel's chunk "
+                   "size (Platform._align_hybrid_block_size) and caches a state at every block, which "
+                   "the vllm layout's block-size rule (v0.11) does not follow")
 _GROWS = {1: ("down",), 2: ("up", "down"), 3: ("up", "float", "down")}
 
 
@@ -171,6 +180,30 @@ def max_concurrency(model: ModelSpec, groups: VllmGroups, num_blocks: int, *, ma
     }
     need = sum(n * per_group[k] for k, n in groups.groups.items())
     return num_blocks / -(-need // page)
+
+
+def aligned_chunk(computed_tokens: int, chunk_tokens: int, target_tokens: int, block_tokens: int) -> int:
+    """The prefill chunk vLLM schedules in `mamba_cache_mode="align"`
+    (vllm/v1/core/sched/scheduler.py `Scheduler._mamba_block_aligned_split`).
+
+    A chunk that ends before the prompt's last whole block is cut to whole
+    blocks (0: none fits, the request waits a step); a chunk that crosses
+    that last block boundary is cut at it, so the state there is cached; the
+    tail after it is scheduled as it is.
+
+    Args:
+        computed_tokens: positions already computed (a prefix hit included).
+        chunk_tokens: the chunk the token budget allows.
+        target_tokens: positions the prefill must reach (vLLM's `num_tokens`).
+        block_tokens: vLLM's block size.
+    """
+    last = target_tokens - target_tokens % block_tokens
+    end = computed_tokens + chunk_tokens
+    if end < last:
+        return chunk_tokens // block_tokens * block_tokens
+    if computed_tokens < last < end:
+        return last - computed_tokens
+    return chunk_tokens
 
 
 def prefix_block_tokens(pool, block_tokens: int | None) -> int | None:
