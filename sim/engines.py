@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from unikv.sim import sglang
 from unikv.sim.prefix_cache import cache_block_tokens
-from unikv.sim.vllm_rules import DEFAULT_MAMBA_CACHE_MODE, vllm_groups
+from unikv.sim.vllm_rules import DEFAULT_MAMBA_CACHE_MODE, prefix_caching, vllm_groups
 
 ENGINES = (
     "sglang",
@@ -109,13 +109,17 @@ def rules(scheduler, layout: str) -> EngineRules:
     return EngineRules(engine=engine, state_slots_per_request=slots, state_dtype=dtype, mamba_cache_mode=mode)
 
 
-def prefix_cache(rules: EngineRules, model, *, page_size: int, requested: int | None,
+def prefix_cache(rules: EngineRules, model, *, layout: str, page_size: int, requested: int | None,
                  trace_block: int | None, enabled: bool,
                  prefill_tokens_per_step: int | None = None) -> PrefixCacheRule:
-    """The prefix cache a run of `model` under `rules` keeps.
+    """The prefix cache a run of `model` on `layout` under `rules` keeps.
 
-    Without vLLM's align rules: the block size `sim.prefix_cache.cache_block_tokens`
-    gives (`requested`, else the trace's). Under `mamba_cache_mode="align"`
+    The vllm layout of a model vLLM keeps no prefix cache for
+    (`vllm_rules.prefix_caching`: one with mamba layers unless
+    `mamba_cache_mode="align"`) runs without one; the other layouts keep
+    the simulator's own. Otherwise, without vLLM's align rules: the block
+    size `sim.prefix_cache.cache_block_tokens` gives (`requested`, else the
+    trace's). Under `mamba_cache_mode="align"`
     on a model with state layers, vLLM hashes and hits whole blocks of its
     own block size B (`vllm_groups(model, page_size).block_tokens`;
     `MambaManager.find_longest_cache_hit` keeps a hit only at a block whose
@@ -124,6 +128,7 @@ def prefix_cache(rules: EngineRules, model, *, page_size: int, requested: int | 
     Args:
         rules: the run's engine rules.
         model: the run's `ModelSpec`.
+        layout: the run's layout kind (`sim.layouts.LAYOUT_KINDS`).
         page_size: the run's configured page (vLLM's `block_size`) in tokens.
         requested, trace_block, enabled: as `cache_block_tokens` takes them.
         prefill_tokens_per_step: the chunk budget (None: not checked).
@@ -135,7 +140,10 @@ def prefix_cache(rules: EngineRules, model, *, page_size: int, requested: int | 
             vLLM's rules refuse.
     """
     if rules.mamba_cache_mode != "align" or not model.state_layers:
-        return PrefixCacheRule(block_tokens=cache_block_tokens(requested, trace_block, enabled=enabled))
+        block = cache_block_tokens(requested, trace_block, enabled=enabled)
+        if layout == "vllm" and not prefix_caching(model, rules.mamba_cache_mode or DEFAULT_MAMBA_CACHE_MODE):
+            block = None
+        return PrefixCacheRule(block_tokens=block)
     block = vllm_groups(model, page_size).block_tokens
     if prefill_tokens_per_step is not None and prefill_tokens_per_step < block:
         raise ValueError(f"scheduler.prefill_tokens_per_step={prefill_tokens_per_step} is below vLLM's block "

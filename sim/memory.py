@@ -15,7 +15,6 @@ import numpy as np
 from unikv.sim.memory_check import check_holdings
 from unikv.sim.prefix_cache import Node, PrefixCache
 from unikv.sim.request import Request
-from unikv.sim.vllm_rules import prefix_block_tokens
 
 # Stands in `Request.pages` and a cache node's pages for a page the memory
 # layer no longer holds: the window ratchet released it on the window band,
@@ -85,8 +84,6 @@ class Memory:
         self.state_band = next((b.name for b in pool.layout.state_bands), None)
         # vLLM's align rules bind the state (none without a state band)
         self.align = align_tokens if self.state_band is not None else None
-        if self.align is None:
-            block_tokens = prefix_block_tokens(pool, block_tokens)  # vLLM: none for mamba hybrids
         if block_tokens is not None and block_tokens % self.ps:
             raise ValueError(f"prefix block of {block_tokens} tokens is not a multiple of "
                              f"page_size={self.ps}")

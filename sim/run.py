@@ -30,6 +30,7 @@ from unikv.sim.outdir import staged_dir
 from unikv.sim.prefix_cache import cover_blocks
 from unikv.sim.request import Request
 from unikv.sim.summary import summarize
+from unikv.sim.vllm_rules import prefix_caching as vllm_prefix_caching
 
 import unikv
 from unikv import traces
@@ -235,7 +236,7 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     plan = layout_plan(config, model)
     check_host_memory(plan, config.kv_budget_gib)
     trace_block = _trace_block(df)
-    cache = prefix_cache(state, model, page_size=config.page_size, requested=config.scheduler.block_tokens,
+    cache = prefix_cache(state, model, layout=config.layout, page_size=config.page_size, requested=config.scheduler.block_tokens,
                          trace_block=trace_block, enabled=config.scheduler.prefix_cache,
                          prefill_tokens_per_step=config.scheduler.prefill_tokens_per_step)
     block = cache.block_tokens
@@ -278,14 +279,13 @@ def _run(config, progress, trace_df, hw) -> RunResult:
         summary["step_time_extrapolated_steps"] = step_cost.extrapolated_steps
     identity = _identity(config, df, model, plan)
     if identity["vllm"] is not None:  # whether vLLM caches prefixes of this model under these rules
-        on = config.scheduler.prefix_cache and (not model.state_layers or state.mamba_cache_mode == "align")
+        on = config.scheduler.prefix_cache and vllm_prefix_caching(model, state.mamba_cache_mode or "none")
         identity["vllm"] = {**identity["vllm"], "prefix_caching": on}
     identity["engine_rules"] = {"engine": state.engine, "state_dtype": state.state_dtype,
                                 "state_slots_per_request": state.state_slots_per_request,
                                 "max_running": max_running}
     # the prefix cache as applied: vLLM's mamba_cache_mode (None under another engine's rules)
-    identity["prefix_cache"] = {"block_tokens": memory.cache.block_tokens if memory.cache else None,
-                                "mamba_cache_mode": state.mamba_cache_mode,
+    identity["prefix_cache"] = {"block_tokens": block, "mamba_cache_mode": state.mamba_cache_mode,
                                 "align_tokens": cache.align_tokens}
     identity["hardware"] = hw.as_dict()  # every coefficient the run was charged at, with its provenance
     identity["executor"] = _real().executor_identity(config) if real else {"executor": "cost"}

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from unikv.sim.models import ModelSpec
 
 from unikv import Band
-from unikv.baselines import VllmPool
 
 # Attention block sizes are rounded to a multiple of 16 tokens (some backends
 # take no other): `HybridAttentionMambaModelConfig.verify_and_update_config`.
@@ -49,7 +48,8 @@ class VllmGroups:
         layer_token_bytes: K+V bytes of one token in one attention layer.
         state_layer_bytes: one request's state in one mamba layer, unpadded
             (0 without mamba layers).
-        prefix_caching: whether vLLM caches prefix blocks for this model.
+        prefix_caching: whether vLLM caches prefix blocks for this model at
+            its default `mamba_cache_mode` (`prefix_caching`).
         state_blocks: blocks each mamba group holds per running request.
     """
 
@@ -139,7 +139,7 @@ def vllm_groups(model: ModelSpec, page_size: int) -> VllmGroups:
         size = max(counts.values())
     groups = {k: -(-n // size) for k, n in counts.items()}
     return VllmGroups(block_tokens=block, group_layers=size, groups=groups, layer_token_bytes=token,
-                      state_layer_bytes=state, prefix_caching=not state)
+                      state_layer_bytes=state, prefix_caching=prefix_caching(model))
 
 
 def vllm_bands(model: ModelSpec, groups: VllmGroups) -> tuple[Band, ...]:
@@ -206,13 +206,12 @@ def aligned_chunk(computed_tokens: int, chunk_tokens: int, target_tokens: int, b
     return chunk_tokens
 
 
-def prefix_block_tokens(pool, block_tokens: int | None) -> int | None:
-    """The prefix-cache block size the engine uses on `pool`: None (no
-    prefix cache) on a `VllmPool` whose model vLLM serves without one,
-    else `block_tokens` as asked."""
-    if isinstance(pool, VllmPool) and not pool.prefix_caching:
-        return None
-    return block_tokens
+def prefix_caching(model: ModelSpec, mamba_cache_mode: str = DEFAULT_MAMBA_CACHE_MODE) -> bool:
+    """Whether vLLM caches prefixes of `model` with prefix caching on: always
+    for attention-only models; for a model with mamba layers only under
+    `mamba_cache_mode="align"` (v0.11 turns it off for every hybrid:
+    `MambaModelConfig.verify_and_update_config`)."""
+    return not model.state_layers or mamba_cache_mode == "align"
 
 
 def _layer_token_bytes(model: ModelSpec) -> dict[str, int]:

@@ -75,19 +75,19 @@ def test_a_mode_that_does_not_apply_is_refused_by_name(kwargs, layout, words):
 def test_align_caches_in_vllms_blocks_and_refuses_what_cannot_hold():
     model = load_model("qwen3-next-80b-a3b")
     align = rules(SchedulerConfig(mamba_cache_mode="align"), "vllm")
-    got = prefix_cache(align, model, page_size=16, requested=None, trace_block=512, enabled=True)
+    got = prefix_cache(align, model, layout="vllm", page_size=16, requested=None, trace_block=512, enabled=True)
     assert (got.block_tokens, got.align_tokens) == (B, B)
     # no hashes: no cache to keep, vLLM's align rules still bind the state
-    got = prefix_cache(align, model, page_size=16, requested=None, trace_block=None, enabled=True)
+    got = prefix_cache(align, model, layout="vllm", page_size=16, requested=None, trace_block=None, enabled=True)
     assert (got.block_tokens, got.align_tokens) == (None, B)
     # an attention-only model keeps the trace's blocks
-    plain = prefix_cache(align, load_model("llama-3.1-8b"), page_size=16, requested=None, trace_block=512,
+    plain = prefix_cache(align, load_model("llama-3.1-8b"), layout="vllm", page_size=16, requested=None, trace_block=512,
                          enabled=True)
     assert (plain.block_tokens, plain.align_tokens) == (512, None)
     with pytest.raises(ValueError, match=r"scheduler\.block_tokens=1024 .* 544 tokens"):
-        prefix_cache(align, model, page_size=16, requested=1024, trace_block=512, enabled=True)
+        prefix_cache(align, model, layout="vllm", page_size=16, requested=1024, trace_block=512, enabled=True)
     with pytest.raises(ValueError, match=r"scheduler\.prefill_tokens_per_step=512 .*\(544 tokens\)"):
-        prefix_cache(align, model, page_size=16, requested=None, trace_block=512, enabled=True,
+        prefix_cache(align, model, layout="vllm", page_size=16, requested=None, trace_block=512, enabled=True,
                      prefill_tokens_per_step=512)
 
 
