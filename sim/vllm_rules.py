@@ -163,20 +163,21 @@ def vllm_bands(model: ModelSpec, groups: VllmGroups) -> tuple[Band, ...]:
 
 
 def max_concurrency(model: ModelSpec, groups: VllmGroups, num_blocks: int, *, max_model_len: int,
-                    max_num_batched_tokens: int) -> float:
+                    max_num_batched_tokens: int, mamba_cache_mode: str = DEFAULT_MAMBA_CACHE_MODE) -> float:
     """vLLM's "Maximum concurrency for X tokens per request: Yx"
     (`get_max_concurrency_for_kv_cache_config`): blocks over the blocks of
     one request of `max_model_len` tokens, each group's worst case from its
     spec's `max_memory_usage_bytes` (full: every token; sliding window:
     window - 1 + one batch of tokens, plus a block; chunked local: chunk +
-    one batch; mamba: `state_blocks`)."""
+    one batch; mamba: `state_blocks`, one more under `mamba_cache_mode="align"`:
+    `MambaSpec.max_memory_usage_bytes`, 2 blocks)."""
     bs, page = groups.block_tokens, groups.page_layer_bytes
     window = model.window_tokens or 0
     per_group = {
         "full": -(-max_model_len // bs) * page,
         "swa": ((-(-min(window + max_num_batched_tokens, max_model_len) // bs)) * page if model.chunked
                 else (-(-min(window - 1 + max_num_batched_tokens, max_model_len) // bs) + 1) * page),
-        "mamba": groups.state_blocks * page,
+        "mamba": (groups.state_blocks + (mamba_cache_mode == "align")) * page,
     }
     need = sum(n * per_group[k] for k, n in groups.groups.items())
     return num_blocks / -(-need // page)

@@ -174,3 +174,14 @@ def test_under_none_the_vllm_layout_keeps_no_prefix_cache_for_a_mamba_hybrid():
     assert none.identity["scheduler"]["mamba_cache_mode"] is None  # the setting as given
     assert (none.identity["vllm"]["prefix_caching"], align.identity["vllm"]["prefix_caching"]) == (False, True)
     assert none.summary["evicted_nodes"] == 0 and none.requests["hit_tokens"].sum() == 0
+
+
+def test_vllms_maximum_concurrency_counts_two_state_blocks_under_align():
+    from unikv.sim.vllm_rules import max_concurrency, vllm_groups
+
+    model = load_model("granite-4.0-h-small")
+    groups = vllm_groups(model, 16)
+    # full: cdiv(131,072, 528) = 249 blocks; 9 mamba groups x 1 block (none) or 2 (align)
+    kw = dict(max_model_len=131_072, max_num_batched_tokens=8192)
+    assert max_concurrency(model, groups, 992, **kw) == pytest.approx(992 / (249 + 9))
+    assert max_concurrency(model, groups, 992, mamba_cache_mode="align", **kw) == pytest.approx(992 / (249 + 18))
