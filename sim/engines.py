@@ -84,19 +84,16 @@ def rules(scheduler, layout: str) -> EngineRules:
     vllm: `mamba_cache_mode` is `scheduler.mamba_cache_mode`, else vLLM's
     default in the v0.11 line the vllm layout follows ("none"), and "none"
     whenever the prefix cache is off (vLLM resets it then:
-    vllm/model_executor/models/config.py `MambaModelConfig`).
-
-    Raises:
-        ValueError: `scheduler.mamba_cache_mode` set under another engine's rules.
+    vllm/model_executor/models/config.py `MambaModelConfig`). Other engines'
+    rules do not read the setting (as vLLM's do not read SGLang's
+    `mamba_cache_strategy`), so one config drives both engines' groups of
+    `unikv compare`; their mode is None.
     """
     engine = effective_engine(scheduler.engine, layout)
     mode = None
     if engine == "vllm":
         mode = scheduler.mamba_cache_mode or DEFAULT_MAMBA_CACHE_MODE
         mode = mode if scheduler.prefix_cache else "none"
-    elif scheduler.mamba_cache_mode is not None:
-        raise ValueError(f"scheduler.mamba_cache_mode={scheduler.mamba_cache_mode!r} applies only under "
-                         f"vLLM's rules (engine 'vllm' or layout 'vllm'); this run's engine is {engine!r}")
     if engine == "sglang":
         slots = sglang.state_slots_per_request(radix_cache=scheduler.prefix_cache,
                                                strategy=scheduler.mamba_cache_strategy,
