@@ -141,7 +141,10 @@ def prefix_cache(rules: EngineRules, model, *, layout: str, page_size: int, requ
         if layout == "vllm" and not prefix_caching(model, rules.mamba_cache_mode or DEFAULT_MAMBA_CACHE_MODE):
             block = None
         return PrefixCacheRule(block_tokens=block)
-    block = vllm_groups(model, page_size).block_tokens
+    try:
+        block = vllm_groups(model, page_size).block_tokens
+    except ValueError as exc:
+        raise ValueError(f"scheduler.mamba_cache_mode='align' needs vLLM's block size: {exc}") from None
     if prefill_tokens_per_step is not None and prefill_tokens_per_step < block:
         raise ValueError(f"scheduler.prefill_tokens_per_step={prefill_tokens_per_step} is below vLLM's block "
                          f"size for {model.name!r} ({block} tokens): with mamba_cache_mode='align' no "

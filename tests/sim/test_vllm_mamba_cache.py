@@ -91,6 +91,10 @@ def test_align_caches_in_vllms_blocks_and_refuses_what_cannot_hold():
     plain = prefix_cache(align, load_model("llama-3.1-8b"), layout="vllm", page_size=16, requested=None, trace_block=512,
                          enabled=True)
     assert (plain.block_tokens, plain.align_tokens) == (512, None)
+    hymba = rules(SchedulerConfig(mamba_cache_mode="align", engine="vllm"), "end_float_end")
+    with pytest.raises(ValueError, match=r"scheduler\.mamba_cache_mode='align' .*hymba-1\.5b-base.*meta tokens"):
+        prefix_cache(hymba, load_model("hymba-1.5b-base"), layout="end_float_end", page_size=16, requested=None,
+                     trace_block=512, enabled=True)
     with pytest.raises(ValueError, match=r"scheduler\.block_tokens=1024 .* 544 tokens"):
         prefix_cache(align, model, layout="vllm", page_size=16, requested=1024, trace_block=512, enabled=True)
     with pytest.raises(ValueError, match=r"scheduler\.prefill_tokens_per_step=512 .*\(544 tokens\)"):
