@@ -75,6 +75,10 @@ class SchedulerConfig:
     mamba_cache_strategy: str = _opt("extra_buffer", "SGLang mamba radix cache strategy "
                                                      "(no_buffer, extra_buffer, extra_buffer_lazy)")
     overlap_schedule: bool = _opt(True, "SGLang overlap scheduling (ping-pong buffer of 2 slots)")
+    mamba_cache_mode: str | None = _opt(None, "vLLM mamba_cache_mode under vLLM's rules: none (no "
+                                              "prefix hits on mamba hybrids) or align (states cached at "
+                                              "block-aligned chunk ends); unset: none, the default of the "
+                                              "vLLM v0.11 line the vllm layout follows")
 
     def __post_init__(self) -> None:
         for name in ("max_running", "prefill_tokens_per_step"):
@@ -96,9 +100,19 @@ class SchedulerConfig:
         if self.mamba_cache_strategy not in MAMBA_STRATEGIES:
             raise ValueError(f"scheduler.mamba_cache_strategy={self.mamba_cache_strategy!r}; valid "
                              f"strategies are {list(MAMBA_STRATEGIES)}")
+        self._check_mamba_cache_mode()
         if self.mamba_cache_strategy == "extra_buffer_lazy" and not self.overlap_schedule:
             raise ValueError("scheduler.mamba_cache_strategy='extra_buffer_lazy' needs "
                              "overlap_schedule=True (SGLang refuses it without)")
+
+    def _check_mamba_cache_mode(self) -> None:
+        from unikv.sim.vllm_rules import MAMBA_CACHE_ALL, MAMBA_CACHE_MODES
+        mode = self.mamba_cache_mode
+        if mode == "all":
+            raise ValueError(f"scheduler.mamba_cache_mode='all': {MAMBA_CACHE_ALL}")
+        if mode is not None and mode not in MAMBA_CACHE_MODES:
+            raise ValueError(f"scheduler.mamba_cache_mode={mode!r}; valid modes are "
+                             f"{list(MAMBA_CACHE_MODES)} or none")
 
 
 @dataclass(frozen=True, kw_only=True)

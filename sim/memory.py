@@ -15,7 +15,6 @@ import numpy as np
 from unikv.sim.memory_check import check_holdings
 from unikv.sim.prefix_cache import Node, PrefixCache
 from unikv.sim.request import Request
-from unikv.sim.vllm_rules import prefix_block_tokens
 
 # Stands in `Request.pages` and a cache node's pages for a page the memory
 # layer no longer holds: the window ratchet released it on the window band,
@@ -48,16 +47,30 @@ class Memory:
             one the prefix cache may keep) and the rest the engine reserves
             beside it (SGLang: radix retention and ping-pong buffers),
             released when the request stops running.
+        align_tokens: vLLM's block size when its `mamba_cache_mode="align"`
+            rules apply (`sim.engines.PrefixCacheRule`; ignored without a
+            state band): prefill chunks end on whole blocks (`aligned_chunk`),
+            a state is cached only where a prefill chunk ends on a block
+            boundary of the prompt (never the running state), and a request
+            holds one more state slot from its second chunk (or its first
+            after a hit) to the end of its prefill (`MambaManager`: the
+            previous state block is kept while a step crosses a block).
+            The prefix block, when there is a cache, must equal it.
     Raises:
-        ValueError: the pool cannot hold the meta tokens.
+        ValueError: the pool cannot hold the meta tokens, or a bad argument
+            (named).
     """
 
     def __init__(self, pool, *, window_tokens: int | None, block_tokens: int | None,
-                 meta_tokens: int = 0, state_slots_per_request: int = 1) -> None:
+                 meta_tokens: int = 0, state_slots_per_request: int = 1,
+                 align_tokens: int | None = None) -> None:
         if isinstance(state_slots_per_request, bool) or not isinstance(state_slots_per_request, int) \
                 or state_slots_per_request < 1:
             raise ValueError(f"state_slots_per_request={state_slots_per_request!r} must be a "
                              "positive integer")
+        if align_tokens is not None and (isinstance(align_tokens, bool) or not isinstance(align_tokens, int)
+                                         or align_tokens < 1):
+            raise ValueError(f"align_tokens={align_tokens!r} must be a positive integer or None")
         self.pool = pool
         self.state_slots = state_slots_per_request
         self.extra_states: dict[int, list[int]] = {}  # rid -> the reserved slots beside req.state
@@ -69,10 +82,19 @@ class Memory:
         # released pages become GONE (see GONE).
         self.release_drops = self.swa and list(pool.token_names) == ["swa"]
         self.state_band = next((b.name for b in pool.layout.state_bands), None)
-        block_tokens = prefix_block_tokens(pool, block_tokens)  # vLLM: none for mamba hybrids
+        # vLLM's align rules bind the state (none without a state band)
+        self.align = align_tokens if self.state_band is not None else None
         if block_tokens is not None and block_tokens % self.ps:
             raise ValueError(f"prefix block of {block_tokens} tokens is not a multiple of "
                              f"page_size={self.ps}")
+        if self.align is not None and block_tokens is not None and block_tokens != self.align:
+            raise ValueError(f"prefix block of {block_tokens} tokens != align_tokens={self.align} "
+                             "(vLLM's align rules hash whole blocks)")
+        # align: rid -> the state slot held beside req.state while prefilling
+        # (also listed in extra_states), and the depths (in blocks) where a
+        # prefill chunk ended on a block boundary of the prompt
+        self.prefill_states: dict[int, int] = {}
+        self.state_depths: dict[int, list[int]] = {}
         self.cache = PrefixCache(block_tokens) if block_tokens else None
         self.evictions = 0
         # Positions and pages (shared ones included) summed over the requests
@@ -272,17 +294,48 @@ class Memory:
         `alloc_extend` of one request takes exactly those pages, so they
         are taken as pages (`take_pages`), with no token id to build."""
         held, cap, ps = len(req.pages), self.window_cap, self.ps
+        took = self.align is not None and req.seq > 0 and req.rid not in self.prefill_states
+        if took and not self._take_prefill_state(req):
+            return False
         new = -(-(req.seq + tokens) // ps) - held  # pages hold positions [0, seq): ceil(seq / ps)
         if new > 0:
             fresh = self.pool.take_pages(new)
             if fresh is None:
+                if took:  # all or nothing: the slot taken for this chunk goes back
+                    self.prefill_done(req)
                 return False
             req.pages.extend(fresh.tolist())
         self.held_window += min(req.seq + tokens, cap) - min(req.seq, cap)
         req.seq += tokens
         self.held_seq += tokens
         self.held_pages += len(req.pages) - held
+        if self.align is not None and req.seq % self.align == 0 and req.seq <= req.prompt_tokens:
+            self.state_depths.setdefault(req.rid, []).append(req.seq // self.align)
         return True
+
+    def _take_prefill_state(self, req: Request) -> bool:
+        """vLLM align: a chunk after the request's first (or its first after
+        a hit) reads the previous state block and writes a new one, so the
+        request holds one more slot until its prefill ends; False when none
+        is free."""
+        slot = self.pool.alloc_state(self.state_band, 1)
+        if slot is None:
+            return False
+        self.prefill_states[req.rid] = int(slot[0])
+        self.extra_states.setdefault(req.rid, []).append(int(slot[0]))
+        return True
+
+    def prefill_done(self, req: Request) -> None:
+        """The request's prefill ended: free the slot `extend` took beside
+        its state (vLLM align; no-op otherwise)."""
+        slot = self.prefill_states.pop(req.rid, None)
+        if slot is None:
+            return
+        extra = self.extra_states[req.rid]
+        extra.remove(slot)
+        if not extra:
+            del self.extra_states[req.rid]
+        self.pool.free_state(self.state_band, [slot])
 
     def decode(self, reqs: list[Request]) -> list[int] | None:
         """One new position for every request in `reqs` (no eviction): the
@@ -379,6 +432,7 @@ class Memory:
         node = req.nodes[-1] if req.nodes else self.cache.root
         own = req.pages[req.shared_pages:]
         n_blocks = min(len(req.hashes), req.prompt_tokens // block, req.seq // block)
+        path = list(req.nodes)
         leftover: list[int] = []
         consumed = 0
         for j in range(len(req.nodes), n_blocks):
@@ -391,11 +445,33 @@ class Memory:
                 leftover.extend(pages)
             consumed += ppb
             node = child
+            path.append(node)
         state = req.state
+        if self.align is not None:
+            self._cache_aligned_states(req, path)
+            return leftover + own[consumed:], None
         if state is not None and node is not self.cache.root and node.state is None:
             self.cache.set_state(node, state)
             state = None
         return leftover + own[consumed:], state
+
+    def _cache_aligned_states(self, req: Request, path: list[Node]) -> None:
+        """vLLM align: the running state is not kept (it is past the prompt's
+        blocks); a state is cached at each depth where a prefill chunk ended
+        on a block boundary (vLLM caches those blocks as they fill; held by
+        the cache here from the finish on, one free slot each, none evicted
+        for them)."""
+        if req.state is not None:
+            self.pool.free_state(self.state_band, [req.state])
+            req.state = None
+        for depth in self.state_depths.pop(req.rid, ()):
+            node = path[depth - 1] if depth <= len(path) else None
+            if node is None or node.state is not None:
+                continue
+            slot = self.pool.alloc_state(self.state_band, 1)
+            if slot is None:
+                break
+            self.cache.set_state(node, int(slot[0]))
 
     def _block_bytes(self, req: Request, first: int, n_pages: int) -> int:
         """Bytes the pages `req.pages[first: first + n_pages]` hold on the token
@@ -424,6 +500,8 @@ class Memory:
         pages are about to be dropped or replaced) and free its reserved
         state slots (it stops running)."""
         self._drop_extra_states(req)
+        self.prefill_states.pop(req.rid, None)  # freed with the extra states
+        self.state_depths.pop(req.rid, None)
         if req.pages:
             self.held_seq -= req.seq
             self.held_window -= min(req.seq, self.window_cap)

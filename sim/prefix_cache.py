@@ -50,6 +50,38 @@ def cache_block_tokens(requested: int | None, trace_block: int | None, *, enable
     return requested
 
 
+def cover_blocks(hashes, trace_block: int, block: int, chained: dict) -> list[int]:
+    """Keys of whole `block`-token blocks from one request's trace hashes
+    (one per `trace_block` tokens), for a block that is not a multiple of
+    the trace's (vLLM's block size under its mamba align rules, e.g. 544
+    tokens over 512-token hashes).
+
+    Block j covers tokens `[j*block, (j+1)*block)`; two requests can be
+    known to share it only when they share every trace block up to the one
+    holding its last token, `ceil((j+1)*block / trace_block)` of them. Its
+    key is a fresh id for (block j-1's key, the trace ids it adds), handed
+    out through `chained` (shared by all requests of a trace), so it names
+    the whole prefix up to the block's end. A block whose last token lies
+    past the trace's hashes gets no key. Conservative: a prefix shared only
+    part way into a trace block counts up to that block's start.
+
+    Raises:
+        ValueError: a block size or trace block that is not a positive integer.
+    """
+    for name, value in (("block", block), ("trace_block", trace_block)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer (tokens)")
+    out: list[int] = []
+    prev, used = -1, 0
+    while True:
+        need = -(-(len(out) + 1) * block // trace_block)  # trace blocks through this block's last token
+        if need > len(hashes):
+            return out
+        prev = chained.setdefault((prev, *hashes[used:need]), len(chained))
+        out.append(prev)
+        used = need
+
+
 class Node:
     __slots__ = ("key", "parent", "children", "pages", "locks", "last_access", "state", "depth", "alive",
                  "nbytes")

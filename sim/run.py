@@ -19,6 +19,7 @@ import pandas as pd
 from unikv.sim import cost as cost_model
 from unikv.sim.config import TRACE_FIELDS, RunConfig
 from unikv.sim.engine import Simulation
+from unikv.sim.engines import prefix_cache
 from unikv.sim.engines import rules as engine_rules
 from unikv.sim.fit import max_request_tokens
 from unikv.sim.hardware import spec_source
@@ -26,9 +27,10 @@ from unikv.sim.layouts import ContextTooLongError, RequestTooLargeError, build_l
 from unikv.sim.memory import Memory
 from unikv.sim.models import load_model
 from unikv.sim.outdir import staged_dir
-from unikv.sim.prefix_cache import cache_block_tokens
+from unikv.sim.prefix_cache import cover_blocks
 from unikv.sim.request import Request
 from unikv.sim.summary import summarize
+from unikv.sim.vllm_rules import prefix_caching as vllm_prefix_caching
 
 import unikv
 from unikv import traces
@@ -233,20 +235,29 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     state, model = engine_model(config)
     plan = layout_plan(config, model)
     check_host_memory(plan, config.kv_budget_gib)
-    block = cache_block_tokens(config.scheduler.block_tokens, _trace_block(df),
-                               enabled=config.scheduler.prefix_cache)
-    if block is not None and block != _trace_block(df):  # a multiple of the trace's: regroup its hashes
+    trace_block = _trace_block(df)
+    cache = prefix_cache(state, model, layout=config.layout, page_size=config.page_size, requested=config.scheduler.block_tokens,
+                         trace_block=trace_block, enabled=config.scheduler.prefix_cache,
+                         prefill_tokens_per_step=config.scheduler.prefill_tokens_per_step)
+    block = cache.block_tokens
+    if block is not None and block != trace_block and block % trace_block == 0:  # regroup the hashes
         df = traces.regroup_blocks(df, block_tokens=block)
     reqs = _requests(df)
+    if block is not None and block % trace_block:  # vLLM's block over the trace's: whole blocks it covers
+        chained: dict = {}
+        for r in reqs:
+            r.hashes = tuple(cover_blocks(r.hashes, trace_block, block, chained))
     # SGLang's cap first: a state pool without one request's slots refuses to start
     max_running = plan.max_running(config.scheduler.max_running, state.state_slots_per_request)
-    limit = _request_limit(plan, config, reqs, state.state_slots_per_request)
+    # vLLM align: a prefilling request holds one more state slot (`Memory`)
+    peak_slots = state.state_slots_per_request + (1 if cache.align_tokens and model.state_layers else 0)
+    limit = _request_limit(plan, config, reqs, peak_slots)
     real = config.executor == "real"
     backend = _real().real_backend(config.device) if real else SimBackend()
     pool = plan.make_pool(backend, config.compaction, ids="numpy")  # host ids, no tensor per call
     memory = Memory(pool, window_tokens=model.window_tokens if model.swa_layers else None,
                     block_tokens=block, meta_tokens=model.meta_tokens,
-                    state_slots_per_request=state.state_slots_per_request)
+                    state_slots_per_request=state.state_slots_per_request, align_tokens=cache.align_tokens)
     step_cost, step_time_model = cost_model.step_cost_model(model, hw, gpu)
     kv_read = KVRead(model)
     executor = _real().build_real_executor(config, memory, step_cost, kv_read) if real else None
@@ -267,9 +278,15 @@ def _run(config, progress, trace_df, hw) -> RunResult:
     if hasattr(step_cost, "extrapolated_steps"):  # a profile: steps outside its grids, flagged
         summary["step_time_extrapolated_steps"] = step_cost.extrapolated_steps
     identity = _identity(config, df, model, plan)
+    if identity["vllm"] is not None:  # whether vLLM caches prefixes of this model under these rules
+        on = config.scheduler.prefix_cache and vllm_prefix_caching(model, state.mamba_cache_mode or "none")
+        identity["vllm"] = {**identity["vllm"], "prefix_caching": on}
     identity["engine_rules"] = {"engine": state.engine, "state_dtype": state.state_dtype,
                                 "state_slots_per_request": state.state_slots_per_request,
                                 "max_running": max_running}
+    # the prefix cache as applied: vLLM's mamba_cache_mode (None under another engine's rules)
+    identity["prefix_cache"] = {"block_tokens": block, "mamba_cache_mode": state.mamba_cache_mode,
+                                "align_tokens": cache.align_tokens}
     identity["hardware"] = hw.as_dict()  # every coefficient the run was charged at, with its provenance
     identity["executor"] = _real().executor_identity(config) if real else {"executor": "cost"}
     if real:

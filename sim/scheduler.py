@@ -20,6 +20,7 @@ import numpy as np
 from unikv.sim.memory import Memory, int64_ids
 from unikv.sim.request import Request
 from unikv.sim.shortfall import cover, remedy
+from unikv.sim.vllm_rules import aligned_chunk
 
 
 @dataclass(slots=True)
@@ -162,6 +163,9 @@ class Scheduler:
                 break
             if r not in self.running:  # retracted while making room for an earlier one
                 continue
+            chunk = self._aligned(r, chunk)
+            if not chunk:  # vLLM align: no whole block fits the budget left; a later request may
+                continue
             if cover(lambda r=r, c=chunk: mem.extend(r, c) or None, mem.evict_some,
                      lambda: self._retract_newest(now), keep=r):
                 out.append((r, chunk))
@@ -186,8 +190,8 @@ class Scheduler:
                 # request untouched (take_hit then _undo_admission would).
                 break
             mem.take_hit(r, now)
-            chunk = min(r.prefill_left, budget)
-            if not self._take(r, chunk, left):
+            chunk = self._aligned(r, min(r.prefill_left, budget))
+            if not chunk or not self._take(r, chunk, left):
                 mem.retract(r, now)
                 r.retractions -= 1  # an admission that did not happen is no retraction
                 break
@@ -199,6 +203,12 @@ class Scheduler:
             out.append((r, chunk))
             budget -= chunk
         return out
+
+    def _aligned(self, r: Request, chunk: int) -> int:
+        """`chunk` as vLLM's align rules cut it (`vllm_rules.aligned_chunk`;
+        unchanged without them)."""
+        align = self.mem.align
+        return chunk if align is None else aligned_chunk(r.prefilled, chunk, r.prefill_target, align)
 
     def _take(self, r: Request, chunk: int, left: int) -> bool:
         """Ask, then act: the reserve is checked before the state slot and
@@ -305,6 +315,7 @@ class Scheduler:
             r.prefilled += chunk
             self._left -= chunk
             if r.prefilled == r.prefill_target:  # decoding from the next step on
+                self.mem.prefill_done(r)
                 if r.generated == 0:
                     r.generated = 1
                     self._left -= 1

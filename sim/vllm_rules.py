@@ -20,12 +20,20 @@ from dataclasses import dataclass, field
 from unikv.sim.models import ModelSpec
 
 from unikv import Band
-from unikv.baselines import VllmPool
 
 # Attention block sizes are rounded to a multiple of 16 tokens (some backends
 # take no other): `HybridAttentionMambaModelConfig.verify_and_update_config`.
 BLOCK_ALIGN_TOKENS = 16
 KINDS = ("mamba", "swa", "full")  # chain order, as `sim.layouts.model_bands`
+# vLLM's `CacheConfig.mamba_cache_mode` (vllm/config/cache.py, `MambaCacheMode`),
+# the values modelled: "none" (no mamba prefix caching: v0.11's only behaviour,
+# the default here) and "align" (PR #30877, January 2026: the default of later
+# releases when prefix caching is on). "all" is refused by name (MAMBA_CACHE_ALL).
+MAMBA_CACHE_MODES = ("none", "align")
+DEFAULT_MAMBA_CACHE_MODE = "none"
+MAMBA_CACHE_ALL = ("'all' is not modelled: vLLM then aligns the block size to the mamba kernel's chunk "
+                   "size (Platform._align_hybrid_block_size) and caches a state at every block, which "
+                   "the vllm layout's block-size rule (v0.11) does not follow")
 _GROWS = {1: ("down",), 2: ("up", "down"), 3: ("up", "float", "down")}
 
 
@@ -40,7 +48,8 @@ class VllmGroups:
         layer_token_bytes: K+V bytes of one token in one attention layer.
         state_layer_bytes: one request's state in one mamba layer, unpadded
             (0 without mamba layers).
-        prefix_caching: whether vLLM caches prefix blocks for this model.
+        prefix_caching: whether vLLM caches prefix blocks for this model at
+            its default `mamba_cache_mode` (`prefix_caching`).
         state_blocks: blocks each mamba group holds per running request.
     """
 
@@ -130,7 +139,7 @@ def vllm_groups(model: ModelSpec, page_size: int) -> VllmGroups:
         size = max(counts.values())
     groups = {k: -(-n // size) for k, n in counts.items()}
     return VllmGroups(block_tokens=block, group_layers=size, groups=groups, layer_token_bytes=token,
-                      state_layer_bytes=state, prefix_caching=not state)
+                      state_layer_bytes=state, prefix_caching=prefix_caching(model))
 
 
 def vllm_bands(model: ModelSpec, groups: VllmGroups) -> tuple[Band, ...]:
@@ -154,32 +163,56 @@ def vllm_bands(model: ModelSpec, groups: VllmGroups) -> tuple[Band, ...]:
 
 
 def max_concurrency(model: ModelSpec, groups: VllmGroups, num_blocks: int, *, max_model_len: int,
-                    max_num_batched_tokens: int) -> float:
+                    max_num_batched_tokens: int, mamba_cache_mode: str = DEFAULT_MAMBA_CACHE_MODE) -> float:
     """vLLM's "Maximum concurrency for X tokens per request: Yx"
     (`get_max_concurrency_for_kv_cache_config`): blocks over the blocks of
     one request of `max_model_len` tokens, each group's worst case from its
     spec's `max_memory_usage_bytes` (full: every token; sliding window:
     window - 1 + one batch of tokens, plus a block; chunked local: chunk +
-    one batch; mamba: `state_blocks`)."""
+    one batch; mamba: `state_blocks`, one more under `mamba_cache_mode="align"`:
+    `MambaSpec.max_memory_usage_bytes`, 2 blocks)."""
     bs, page = groups.block_tokens, groups.page_layer_bytes
     window = model.window_tokens or 0
     per_group = {
         "full": -(-max_model_len // bs) * page,
         "swa": ((-(-min(window + max_num_batched_tokens, max_model_len) // bs)) * page if model.chunked
                 else (-(-min(window - 1 + max_num_batched_tokens, max_model_len) // bs) + 1) * page),
-        "mamba": groups.state_blocks * page,
+        "mamba": (groups.state_blocks + (mamba_cache_mode == "align")) * page,
     }
     need = sum(n * per_group[k] for k, n in groups.groups.items())
     return num_blocks / -(-need // page)
 
 
-def prefix_block_tokens(pool, block_tokens: int | None) -> int | None:
-    """The prefix-cache block size the engine uses on `pool`: None (no
-    prefix cache) on a `VllmPool` whose model vLLM serves without one,
-    else `block_tokens` as asked."""
-    if isinstance(pool, VllmPool) and not pool.prefix_caching:
-        return None
-    return block_tokens
+def aligned_chunk(computed_tokens: int, chunk_tokens: int, target_tokens: int, block_tokens: int) -> int:
+    """The prefill chunk vLLM schedules in `mamba_cache_mode="align"`
+    (vllm/v1/core/sched/scheduler.py `Scheduler._mamba_block_aligned_split`).
+
+    A chunk that ends before the prompt's last whole block is cut to whole
+    blocks (0: none fits, the request waits a step); a chunk that crosses
+    that last block boundary is cut at it, so the state there is cached; the
+    tail after it is scheduled as it is.
+
+    Args:
+        computed_tokens: positions already computed (a prefix hit included).
+        chunk_tokens: the chunk the token budget allows.
+        target_tokens: positions the prefill must reach (vLLM's `num_tokens`).
+        block_tokens: vLLM's block size.
+    """
+    last = target_tokens - target_tokens % block_tokens
+    end = computed_tokens + chunk_tokens
+    if end < last:
+        return chunk_tokens // block_tokens * block_tokens
+    if computed_tokens < last < end:
+        return last - computed_tokens
+    return chunk_tokens
+
+
+def prefix_caching(model: ModelSpec, mamba_cache_mode: str = DEFAULT_MAMBA_CACHE_MODE) -> bool:
+    """Whether vLLM caches prefixes of `model` with prefix caching on: always
+    for attention-only models; for a model with mamba layers only under
+    `mamba_cache_mode="align"` (v0.11 turns it off for every hybrid:
+    `MambaModelConfig.verify_and_update_config`)."""
+    return not model.state_layers or mamba_cache_mode == "align"
 
 
 def _layer_token_bytes(model: ModelSpec) -> dict[str, int]:

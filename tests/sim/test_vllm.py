@@ -14,11 +14,13 @@ Sources (docs/models.md, "Baselines: vllm"):
 """
 
 import pytest
+from unikv.sim.config import SchedulerConfig
+from unikv.sim.engines import prefix_cache, rules
 from unikv.sim.layouts import applicable_kinds, build_layout, check_fits
 from unikv.sim.memory import Memory
 from unikv.sim.models import ModelSpec, load_model
 from unikv.sim.request import Request
-from unikv.sim.vllm_rules import max_concurrency, prefix_block_tokens, vllm_groups
+from unikv.sim.vllm_rules import max_concurrency, vllm_groups
 
 from unikv.backends import SimBackend
 from unikv.baselines import VllmPool
@@ -109,13 +111,25 @@ def test_a_state_costs_every_mamba_groups_block():
     assert plan.page_size == 528
 
 
-def test_prefix_caching_is_off_for_mamba_hybrids_only():
-    mamba = build_layout(load_model("granite-4.0-h-small"), kv_budget_gib=8, page_size=16, kind="vllm")
-    swa = build_layout(load_model("gemma-3-12b"), kv_budget_gib=8, page_size=16, kind="vllm")
-    assert prefix_block_tokens(mamba.make_pool(SimBackend()), 528) is None
-    assert prefix_block_tokens(swa.make_pool(SimBackend()), 16) == 16
-    mem = Memory(mamba.make_pool(SimBackend()), window_tokens=None, block_tokens=528)
-    assert mem.cache is None
+@pytest.mark.parametrize(("name", "layout", "block"), [
+    ("granite-4.0-h-small", "vllm", None),  # v0.11: no prefix caching for a mamba hybrid
+    ("granite-4.0-h-small", "end_end", 512),  # the simulator's own cache, under vLLM's rules too
+    ("gemma-3-12b", "vllm", 512),  # attention-only: vLLM caches (the window hit rule)
+    ("llama-3.1-8b", "vllm", 512),
+])
+def test_the_engine_rules_decide_the_prefix_cache_of_a_vllm_run(name, layout, block):
+    model = load_model(name)
+    state = rules(SchedulerConfig(), layout) if layout == "vllm" else rules(SchedulerConfig(engine="vllm"), layout)
+    got = prefix_cache(state, model, layout=layout, page_size=16, requested=None, trace_block=512, enabled=True)
+    assert (got.block_tokens, got.align_tokens) == (block, None)
+
+
+def test_memory_keeps_the_cache_it_is_given_on_a_vllm_pool():
+    # the memory layer asks no pool type: the engine rules decided the block above
+    plan = build_layout(load_model("granite-4.0-h-small"), kv_budget_gib=8, page_size=16, kind="vllm")
+    mem = Memory(plan.make_pool(SimBackend()), window_tokens=None, block_tokens=528)
+    assert mem.cache is not None and mem.cache.block_tokens == 528
+    assert Memory(plan.make_pool(SimBackend()), window_tokens=None, block_tokens=None).cache is None
 
 
 @pytest.mark.parametrize(("name", "words"), [

@@ -56,8 +56,9 @@ class VllmPool(UnifiedPool):
         block_bytes: bytes of one block over all layers of one group (vLLM:
             page bytes per layer x layers per group); None: the greatest
             common divisor of the bands' pages.
-        prefix_caching: whether vLLM caches prefix blocks for this model
-            (read by `unikv.sim.vllm_rules.prefix_block_tokens`).
+        prefix_caching: whether vLLM caches prefix blocks for this model at
+            its default mode (information only: the simulator's engine rules
+            decide a run's prefix cache, `unikv.sim.engines.prefix_cache`).
         ids: as for `UnifiedPool`.
     Raises:
         ValueError: a bad argument, or a band page that is not whole blocks.
