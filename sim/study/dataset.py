@@ -36,7 +36,7 @@ IDENTITY = [
     ("sched_max_running", _I32), ("sched_prefill_tokens_per_step", _I32), ("sched_prefix_cache", _B),
     ("sched_block_tokens", _I32), ("sched_reserve_init", _F), ("sched_reserve_min", _F),
     ("sched_reserve_decay", _F), ("sched_engine", _S), ("sched_state_slots_per_request", _I32),
-    ("sched_mamba_cache_strategy", _S), ("sched_overlap_schedule", _B),
+    ("sched_mamba_cache_strategy", _S), ("sched_overlap_schedule", _B), ("sched_mamba_cache_mode", _S),
     ("oversize", _S), ("seed", _I), ("executor", _S), ("unikv_version", _S), ("git_revision", _S),
     ("wall_s", _F), ("finished_at", _S),
 ]
@@ -57,7 +57,8 @@ ORACLE_KEY = ("trace_sha256", "trace_start_s", "trace_end_s", "max_requests", "m
               "kv_budget_bytes", "page_size", "sched_max_running", "sched_prefill_tokens_per_step",
               "sched_prefix_cache", "sched_block_tokens", "sched_reserve_init", "sched_reserve_min",
               "sched_reserve_decay", "sched_engine", "sched_state_slots_per_request",
-              "sched_mamba_cache_strategy", "sched_overlap_schedule", "oversize", "seed")
+              "sched_mamba_cache_strategy", "sched_overlap_schedule", "sched_mamba_cache_mode", "oversize",
+              "seed")
 """What a layout's row shares with the oracle row it is compared with (`capacity_efficiency`)."""
 
 

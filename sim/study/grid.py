@@ -89,9 +89,18 @@ def trace_file(trace: str) -> Path:
                      f"({', '.join(traces.samples.names())})")
 
 
+UNSET_OMITTED = ("mamba_cache_mode",)
+"""Scheduler settings whose unset value (None) leaves a run as it was
+before the setting existed, so it stays out of the run id."""
+
+
 def run_inputs(config: RunConfig, *, trace_sha256: str, model_sha256: str, gpu_sha256: str,
                profile_sha256: str | None = None) -> dict:
     """Every input of `config` that changes the result, for the run id.
+
+    A scheduler setting added after studies were run (`UNSET_OMITTED`)
+    enters only when set: unset, it keeps the behaviour runs had before it
+    existed, so their ids stay valid.
 
     The trace, model and GPU enter by content hash, not by name or path, and
     so does the measured step-time profile of the model on the GPU when one
@@ -101,6 +110,9 @@ def run_inputs(config: RunConfig, *, trace_sha256: str, model_sha256: str, gpu_s
     inputs = config.as_dict()
     for name in ("trace", "model", "hardware", "check_every"):
         inputs.pop(name)
+    for name in UNSET_OMITTED:
+        if inputs["scheduler"].get(name) is None:
+            inputs["scheduler"].pop(name, None)
     inputs["kv_budget_bytes"] = round(inputs.pop("kv_budget_gib") * (1 << 30))
     inputs.update(trace_sha256=trace_sha256, model_sha256=model_sha256, gpu_sha256=gpu_sha256,
                   unikv_version=unikv.__version__)

@@ -132,3 +132,20 @@ def test_a_bundled_step_time_profile_enters_the_run_id_and_the_dataset():
     sha = {s.columns["model"]: s.columns["profile_sha256"] for s in specs}
     assert sha["gemma-3-12b"] == profile_sha256("gemma-3-12b", "h200") and len(sha["gemma-3-12b"]) == 64
     assert sha["nemotron-3-nano-30b-a3b"] is None  # no profile: the roofline
+
+
+def test_an_unset_later_scheduler_setting_stays_out_of_the_run_id():
+    """`mamba_cache_mode` unset (None) keeps a run as it was before the
+    setting existed, so finished runs keep their ids; set, it enters the id."""
+    import dataclasses
+
+    from unikv.sim.study.grid import UNSET_OMITTED, run_id_of, run_inputs
+
+    config = expand(parse_study(copy.deepcopy(STUDY)))[0].config
+    hashes = dict(trace_sha256="t", model_sha256="m", gpu_sha256="g")
+    unset = run_inputs(config, **hashes)
+    assert "mamba_cache_mode" in UNSET_OMITTED and "mamba_cache_mode" not in unset["scheduler"]
+    assert set(config.as_dict()["scheduler"]) - set(unset["scheduler"]) == {"mamba_cache_mode"}
+    aligned = dataclasses.replace(config, scheduler=dataclasses.replace(config.scheduler, mamba_cache_mode="align"))
+    both = run_inputs(aligned, **hashes)
+    assert both["scheduler"]["mamba_cache_mode"] == "align" and run_id_of(both) != run_id_of(unset)
