@@ -38,7 +38,7 @@ if not hasattr(transformers.DynamicCache, "update_conv_state"):
 from unikv.sim import run as sim_run  # noqa: E402
 from unikv.sim.config import RunConfig, SchedulerConfig  # noqa: E402
 from unikv.sim.memory import Memory  # noqa: E402
-from unikv.sim.model_spec import ModelSpec, StateKind  # noqa: E402
+from unikv.sim.model_spec import ModelSpec  # noqa: E402
 from unikv.sim.real import executor as real_executor  # noqa: E402
 from unikv.sim.real.batch import build_batch  # noqa: E402
 from unikv.sim.request import Request  # noqa: E402
