@@ -54,12 +54,24 @@ N = 18
 BUDGET_GIB = 44_000 / 2**30  # bytes: state slots and KV pages move, 15 retractions after generating (52 KB: none)
 
 
-def config_file(tmp_path: Path) -> Path:
-    raw = json.loads(SOURCE.read_text())
-    raw.pop("auto_map", None)
-    path = tmp_path / "nemotron_h" / "config.json"
+# LFM2 (short conv + full attention, `models/lfm2`), the fields of LiquidAI/LFM2-1.2B's config.json at CPU size
+LFM2 = {"architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "hidden_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "block_auto_adjust_ff_dim": False, "vocab_size": 256,
+        "num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "conv"], "conv_L_cache": 3,
+        "conv_bias": False, "max_position_embeddings": 4096, "norm_eps": 1e-5, "initializer_range": 0.1,
+        "tie_word_embeddings": True, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+        "pad_token_id": 0}
+
+
+def config_file(tmp_path: Path, name: str = "nemotron_h") -> Path:
+    if name == "lfm2":
+        raw = LFM2
+    else:
+        raw = json.loads(SOURCE.read_text()) | TRIM
+        raw.pop("auto_map", None)
+    path = tmp_path / name / "config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(raw | TRIM))
+    path.write_text(json.dumps(raw))
     return path
 
 
@@ -90,7 +102,8 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def replay(tmp_path, monkeypatch, compaction: str, *, zero_state: bool = False, clock: str = "cost"):
+def replay(tmp_path, monkeypatch, compaction: str, *, zero_state: bool = False, clock: str = "cost",
+           name: str = "nemotron_h", budget_gib: float = BUDGET_GIB, graphs: bool = False):
     """Run the trace; returns (result, executor, generated counts at each
     retraction, chunks that continued a prefill from its slot's state)."""
     load = sim_run.load_model
@@ -122,8 +135,8 @@ def replay(tmp_path, monkeypatch, compaction: str, *, zero_state: bool = False, 
 
     monkeypatch.setattr(real_executor, "state_plans", splitting)
     monkeypatch.setattr(real_executor, "build_batch", lockstep_build)
-    config = RunConfig(trace="test", model=str(config_file(tmp_path)), kv_cache_dtype="fp32", executor="real",
-                       real_clock=clock, kv_budget_gib=BUDGET_GIB, page_size=4, layout="end_end",
+    config = RunConfig(trace="test", model=str(config_file(tmp_path, name)), kv_cache_dtype="fp32",
+                       executor="real", real_clock=clock, decode_graphs=graphs, kv_budget_gib=budget_gib, page_size=4, layout="end_end",
                        compaction=compaction, check_every=1, scheduler=SchedulerConfig(
                            max_running=16, prefill_tokens_per_step=16, reserve_init=0.0, reserve_min=0.0,
                            reserve_decay=0.0, prefix_cache=False))
@@ -153,10 +166,15 @@ def references(model, ex, requests: pd.DataFrame) -> dict[int, list[int]]:
     return out
 
 
-@pytest.mark.parametrize("compaction", ["lazy", "eager"])
+CASES = [("nemotron_h", "lazy"), ("nemotron_h", "eager"), ("lfm2", "lazy"), ("lfm2", "eager")]
+BUDGETS = {"nemotron_h": BUDGET_GIB, "lfm2": 27_000 / 2**30}  # LFM2: 3 retractions after generating (lazy and eager)
+
+
+@pytest.mark.parametrize("name,compaction", CASES)
 def test_a_hybrids_replay_through_sim_run_equals_transformers_greedy_tokens(tmp_path, monkeypatch, one_thread,
-                                                                           compaction):
-    res, ex, retracted_at, continued = replay(tmp_path, monkeypatch, compaction)
+                                                                           name, compaction):
+    res, ex, retracted_at, continued = replay(tmp_path, monkeypatch, compaction, name=name,
+                                              budget_gib=BUDGETS[name])
     assert res.violations == []
     assert ex.binder is not None and ex.state_band == "mamba"
     stats = ex.mem.pool.stats()["bands"]
@@ -170,8 +188,10 @@ def test_a_hybrids_replay_through_sim_run_equals_transformers_greedy_tokens(tmp_
         assert ex.generated[rid] == want[rid], f"request {rid}"
 
 
-def test_control_a_replay_that_drops_the_state_between_forwards_changes_tokens(tmp_path, monkeypatch, one_thread):
-    res, ex, _, _ = replay(tmp_path, monkeypatch, "lazy", zero_state=True)
+@pytest.mark.parametrize("name", ["nemotron_h", "lfm2"])
+def test_control_a_replay_that_drops_the_state_between_forwards_changes_tokens(tmp_path, monkeypatch, one_thread,
+                                                                               name):
+    res, ex, _, _ = replay(tmp_path, monkeypatch, "lazy", zero_state=True, name=name, budget_gib=BUDGETS[name])
     want = references(ex.model, ex, res.requests)
     assert any(ex.generated[rid] != want[rid] for rid in want)
 
@@ -185,3 +205,15 @@ def test_the_forward_timing_spans_every_sub_forward_of_a_step(tmp_path, monkeypa
     assert len(ex.forward_s) == len(ex.decode_only) == len(ex.step_s) == len(times)
     assert all(0 < f < t for f, t in zip(ex.forward_s, ex.step_s))
     assert ex.decode_only.count(True) == int((res.steps["prefill_tokens"] == 0).sum())
+
+
+def test_decode_graphs_are_off_for_a_recurrent_model_and_the_summary_says_so(tmp_path, monkeypatch, one_thread):
+    """The state gather / scatter around a decode is not captured: with
+    `decode_graphs` a hybrid decodes eagerly (tokens unchanged); the
+    summary says why. Attention-only models keep their graphs
+    (`test_executor.py`)."""
+    res, ex, _, _ = replay(tmp_path, monkeypatch, "lazy", name="lfm2", budget_gib=BUDGETS["lfm2"], graphs=True)
+    assert ex.graphs is None and "graph_steps" not in res.summary
+    assert res.summary["graph_off"].startswith("recurrent state: decode runs eagerly")
+    want = references(ex.model, ex, res.requests)
+    assert all(ex.generated[rid] == want[rid] for rid in want)
