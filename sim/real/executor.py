@@ -17,6 +17,11 @@ driver (`sim.engine`) calls:
    `clock="cost"` the cost model's time for the same step;
 4. `done(event)`: fire a sim event; nothing on CUDA (the device did it).
 
+A model with recurrent layers (Mamba-2, short conv) runs each step as
+several forwards (`state_plans`: each prefill chunk alone, then the
+decoders), its requests' state gathered from their state slots before
+each and scattered back after (`sim.real.state.StateBinder`).
+
 Generated ids are kept per request id (`generated`): a retracted request
 keeps them and its readmission recomputes its prompt and all but the
 newest (`sim.real.batch`); the tokens of a prompt come from
@@ -78,6 +83,8 @@ class RealExecutor:
         self._pending: list[tuple[tuple, Any]] = []  # (samplers, their greedy tokens) per forward
         self._t0 = 0.0
         self._marks: tuple[Any, Any] = (None, None)  # the forward's start / end (events or perf_counter)
+        self.state_s: list[float] = []  # of the forward, the state gather and scatter of each step (binder)
+        self._bind_marks: list[tuple[Any, Any]] = []
 
     def warm_up(self, max_batch: int) -> None:
         """What an engine does before it serves: one eager forward of a
@@ -144,6 +151,10 @@ class RealExecutor:
         event.record()
         return event
 
+    def _seconds(self, start: Any, end: Any) -> float:
+        """Seconds between two `_mark`s (read after the step's sync on CUDA)."""
+        return start.elapsed_time(end) / 1e3 if self.cuda else end - start
+
     def _forward(self, batch: StepBatch, fresh: bool = False) -> Any:
         """The eager forward of `batch`; returns the greedy token of each
         sampled row. With a state binder the batch's state is gathered from
@@ -159,13 +170,17 @@ class RealExecutor:
         slots = cache = None
         if self.binder is not None:
             slots = self.mem.pool.translate(_state_ids(batch.requests), self.state_band)
+            start = self._mark()
             cache = self.binder.before(slots, fresh=fresh)
+            self._bind_marks.append((start, self._mark()))
             kwargs = {"use_cache": True, self.cache_kwarg: cache}
         with torch.inference_mode(), use_step(ctx):
             out = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
                              logits_to_keep=keep, **kwargs)
             if cache is not None:
+                start = self._mark()
                 self.binder.after(cache, slots)
+                self._bind_marks.append((start, self._mark()))
         # packed: logits [1, S, V] at the sampled rows; padded: [B, 1, V], every row samples
         logits = out.logits[0] if batch.layout == "packed" else out.logits[:, -1]
         return logits.argmax(-1)
@@ -181,8 +196,11 @@ class RealExecutor:
         self.step_s.append(measured)
         start, end = self._marks
         if start is not None:
-            self.forward_s.append(start.elapsed_time(end) / 1e3 if self.cuda else end - start)
+            self.forward_s.append(self._seconds(start, end))
             self._marks = (None, None)
+        if self.binder is not None:
+            self.state_s.append(sum(self._seconds(a, b) for a, b in self._bind_marks))
+            self._bind_marks = []
         for samplers, picks in self._pending:
             for r, t in zip(samplers, picks.tolist()):
                 self.generated.setdefault(r.rid, []).append(int(t))
@@ -386,6 +404,9 @@ def executor_summary(config, executor: RealExecutor) -> dict:
                 "real_step_s_total": sum(steps), "real_forward_tokens": executor.forward_tokens,
                 "real_forward_s_total": sum(executor.forward_s)})
     out.update(non_forward_summary(executor))
+    if executor.binder is not None:  # what binding the recurrent state to the pool's slots costs
+        out.update(real_state_s_total=sum(executor.state_s),
+                   real_state_share_of_forward=sum(executor.state_s) / max(sum(executor.forward_s), 1e-12))
     if config.decode_graphs and executor.binder is not None:
         out["graph_off"] = "recurrent state: decode runs eagerly (the state gather / scatter is not captured)"
     if executor.graphs is not None:

@@ -136,7 +136,8 @@ def replay(tmp_path, monkeypatch, compaction: str, *, zero_state: bool = False, 
     monkeypatch.setattr(real_executor, "state_plans", splitting)
     monkeypatch.setattr(real_executor, "build_batch", lockstep_build)
     config = RunConfig(trace="test", model=str(config_file(tmp_path, name)), kv_cache_dtype="fp32",
-                       executor="real", real_clock=clock, decode_graphs=graphs, kv_budget_gib=budget_gib, page_size=4, layout="end_end",
+                       executor="real", real_clock=clock, decode_graphs=graphs, kv_budget_gib=budget_gib,
+                       page_size=4, layout="end_end",
                        compaction=compaction, check_every=1, scheduler=SchedulerConfig(
                            max_running=16, prefill_tokens_per_step=16, reserve_init=0.0, reserve_min=0.0,
                            reserve_decay=0.0, prefix_cache=False))
@@ -205,6 +206,10 @@ def test_the_forward_timing_spans_every_sub_forward_of_a_step(tmp_path, monkeypa
     assert len(ex.forward_s) == len(ex.decode_only) == len(ex.step_s) == len(times)
     assert all(0 < f < t for f, t in zip(ex.forward_s, ex.step_s))
     assert ex.decode_only.count(True) == int((res.steps["prefill_tokens"] == 0).sum())
+    # the state gather / scatter is timed inside the forward's span, and summarised
+    assert len(ex.state_s) == len(times) and all(0 < b < f for b, f in zip(ex.state_s, ex.forward_s))
+    assert res.summary["real_state_s_total"] == pytest.approx(sum(ex.state_s))
+    assert 0 < res.summary["real_state_share_of_forward"] < 1
 
 
 def test_decode_graphs_are_off_for_a_recurrent_model_and_the_summary_says_so(tmp_path, monkeypatch, one_thread):
