@@ -222,3 +222,31 @@ def test_decode_graphs_are_off_for_a_recurrent_model_and_the_summary_says_so(tmp
     assert res.summary["graph_off"].startswith("recurrent state: decode runs eagerly")
     want = references(ex.model, ex, res.requests)
     assert all(ex.generated[rid] == want[rid] for rid in want)
+
+
+def test_unikv_replay_of_a_bundled_slice_with_a_hybrid_writes_the_cost_replays_tables(tmp_path, one_thread):
+    """`unikv replay --executor real` on a Nemotron-H in bf16 (its state
+    band as the config reader sizes it: conv bf16, SSM fp32, as the model
+    keeps them) writes the usual files; with the cost clock its steps and
+    requests equal a cost-model replay's, and its summary holds the cost
+    replay's columns plus the executor's, the state binding's time included."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bad_input"))
+    from cli_probe import RUN_FILES, run_cli
+
+    path = config_file(tmp_path)
+    common = ["replay", "--trace", "azure_conv", "--max-requests", "6", "--max-context-tokens", "40",
+              "--model", path, "--kv-cache-dtype", "bf16", "--no-prefix-cache", "--kv-budget-gib", "0.0001",
+              "--page-size", "4", "--oversize", "reject", "--no-oracle", "--no-figures", "-q"]
+    real = run_cli([*common, "--executor", "real", "--dtype", "bf16", "--real-clock", "cost",
+                    "--out", tmp_path / "real"])
+    cost = run_cli([*common, "--out", tmp_path / "cost"])
+    assert real.rc == 0 and cost.rc == 0, (real.stderr, cost.stderr)
+    assert {p.name for p in (tmp_path / "real").iterdir()} == set(RUN_FILES["parquet"])
+    for table in ("steps", "requests"):
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "real" / f"{table}.parquet"),
+                                      pd.read_parquet(tmp_path / "cost" / f"{table}.parquet"))
+    got = json.loads((tmp_path / "real" / "summary.json").read_text())["summary"]
+    want = json.loads((tmp_path / "cost" / "summary.json").read_text())["summary"]
+    assert set(want) < set(got) and got["executor"] == "real" and got["real_state_s_total"] > 0
