@@ -35,8 +35,10 @@ import torch
 from unikv.tensors import LayerKV
 
 FULL, SLIDING, RECURRENT, NONE = "full", "sliding", "recurrent", "none"
-# "mlp" / "moe": Nemotron-H's feed-forward-only layers (`NemotronHConfig.layer_types`), no cache
-_KINDS = {"full_attention": FULL, "sliding_attention": SLIDING,
+# "mlp" / "moe": Nemotron-H's feed-forward-only layers (`NemotronHConfig.layer_types`), no cache;
+# "attention" / "mamba": the legacy names transformers 5.24 remaps to "full_attention" /
+# "linear_attention" (`configuration_utils._LEGACY_LAYER_TYPE_REMAP`)
+_KINDS = {"full_attention": FULL, "attention": FULL, "sliding_attention": SLIDING,
           "linear_attention": RECURRENT, "mamba": RECURRENT, "mamba2": RECURRENT, "conv": RECURRENT,
           "mlp": NONE, "moe": NONE}
 

@@ -104,3 +104,12 @@ def test_nemotron_h_feed_forward_layers_keep_no_cache():
     layers = model_layers(cfg, torch.bfloat16)
     assert cfg.layer_types[3:] == ["mlp", "moe"] and layers.kinds[3:] == ("none", "none")
     assert layers.recurrent == (0, 2) and [s.layer for s in layers.kv] == [1]
+
+
+def test_legacy_layer_type_names_read_as_transformers_remaps_them():
+    """"mamba" / "attention" (older transformers' Nemotron-H names) are
+    "linear_attention" / "full_attention" (transformers 5.24's
+    `_LEGACY_LAYER_TYPE_REMAP`)."""
+    cfg = transformers.LlamaConfig(num_hidden_layers=3, hidden_size=64, num_attention_heads=4)
+    cfg.layer_types = ["mamba", "attention", "mlp"]
+    assert model_layers(cfg, torch.bfloat16).kinds == ("recurrent", "full", "none")
