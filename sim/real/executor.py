@@ -17,6 +17,11 @@ driver (`sim.engine`) calls:
    `clock="cost"` the cost model's time for the same step;
 4. `done(event)`: fire a sim event; nothing on CUDA (the device did it).
 
+A model with recurrent layers (Mamba-2, short conv) runs each step as
+several forwards (`state_plans`: each prefill chunk alone, then the
+decoders), its requests' state gathered from their state slots before
+each and scattered back after (`sim.real.state.StateBinder`).
+
 Generated ids are kept per request id (`generated`): a retracted request
 keeps them and its readmission recomputes its prompt and all but the
 newest (`sim.real.batch`); the tokens of a prompt come from
@@ -25,10 +30,12 @@ newest (`sim.real.batch`); the tokens of a prompt come from
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 from unikv.sim.real.batch import BlockRows, StepBatch, build_batch
+from unikv.sim.real.state import cache_kwarg
 from unikv.sim.real.tokens import TokenSource
 from unikv.sim.scheduler import StepPlan
 
@@ -49,10 +56,12 @@ class RealExecutor:
             of the measured ones (None: measured).
         graphs: a `sim.real.graphs.DecodeGraphs` decode-only steps run
             through (None: every step eagerly).
+        binder: a `sim.real.state.StateBinder` over the pool's state band
+            `state_band`, for a model with recurrent layers (None: none).
     """
 
     def __init__(self, memory, model, views, tokens: TokenSource, *, bands, device: str = "cpu",
-                 cost=None, graphs=None) -> None:
+                 cost=None, graphs=None, binder=None, state_band: str | None = None) -> None:
         self.mem = memory
         self.model = model
         self.views = views
@@ -62,15 +71,20 @@ class RealExecutor:
         self.cuda = str(device).startswith("cuda")
         self.cost = cost
         self.graphs = graphs
+        self.binder = binder
+        self.state_band = state_band
+        self.cache_kwarg = cache_kwarg(model) if binder is not None else ""
         self.rows = BlockRows(memory.pool, self.bands, device)  # requests' virtual pages, kept on the device
         self.generated: dict[int, list[int]] = {}  # rid -> the model's tokens, in order
         self.step_s: list[float] = []  # measured seconds of each step
         self.forward_s: list[float] = []  # of which the forward (CUDA events on CUDA; wall on the CPU)
         self.decode_only: list[bool] = []  # whether each step decoded only (no prefill chunk)
         self.forward_tokens = 0  # tokens computed, prefill recomputations included
-        self._pending: tuple[StepBatch, Any] | None = None
+        self._pending: list[tuple[tuple, Any]] = []  # (samplers, their greedy tokens) per forward
         self._t0 = 0.0
         self._marks: tuple[Any, Any] = (None, None)  # the forward's start / end (events or perf_counter)
+        self.state_s: list[float] = []  # of the forward, the state gather and scatter of each step (binder)
+        self._bind_marks: list[tuple[Any, Any]] = []
 
     def warm_up(self, max_batch: int) -> None:
         """What an engine does before it serves: one eager forward of a
@@ -97,23 +111,33 @@ class RealExecutor:
             torch.cuda.synchronize(self.device)
 
     def launch(self, plan: StepPlan) -> Any:
-        """Run `plan`'s forward; returns its done event."""
+        """Run `plan`'s forward; returns its done event.
+
+        A model with recurrent state runs the plan as several forwards
+        (`state_plans`): each prefill chunk alone, then the decoders as one
+        `[B, 1]` batch, each with its requests' state gathered from their
+        slots before and scattered back after. The forward's timing spans
+        them all (from before the first to after the last)."""
         import torch
 
         self._t0 = time.perf_counter()
-        batch = build_batch(plan, self.mem.pool, self.tokens, self.generated, self.bands, self.device,
-                            block_rows=self.rows)
+        parts = state_plans(plan) if self.binder is not None else [(plan, False)]
+        batches = [(build_batch(part, self.mem.pool, self.tokens, self.generated, self.bands, self.device,
+                                block_rows=self.rows), fresh) for part, fresh in parts]
         start = self._mark()
-        picks = None
-        if self.graphs is not None and batch.layout == "padded":
-            with torch.inference_mode():
-                picks = self.graphs.run(batch)  # None: no bucket fits, run it eagerly
-        if picks is None:
-            picks = self._forward(batch)
+        pending = []
+        for batch, fresh in batches:
+            picks = None
+            if self.graphs is not None and batch.layout == "padded":
+                with torch.inference_mode():
+                    picks = self.graphs.run(batch)  # None: no bucket fits, run it eagerly
+            if picks is None:
+                picks = self._forward(batch, fresh)
+            pending.append((batch.samplers, picks))
+            self.forward_tokens += batch.num_tokens
         self._marks = (start, self._mark())
-        self.decode_only.append(batch.layout == "padded")
-        self._pending = (batch, picks)
-        self.forward_tokens += batch.num_tokens
+        self.decode_only.append(not plan.prefill)
+        self._pending = pending
         return self.mem.new_event(f"step {plan.index}")  # on CUDA: recorded after the forward
 
     def _mark(self) -> Any:
@@ -127,17 +151,36 @@ class RealExecutor:
         event.record()
         return event
 
-    def _forward(self, batch: StepBatch) -> Any:
-        """The eager forward of `batch`; returns the greedy token of each sampled row."""
+    def _seconds(self, start: Any, end: Any) -> float:
+        """Seconds between two `_mark`s (read after the step's sync on CUDA)."""
+        return start.elapsed_time(end) / 1e3 if self.cuda else end - start
+
+    def _forward(self, batch: StepBatch, fresh: bool = False) -> Any:
+        """The eager forward of `batch`; returns the greedy token of each
+        sampled row. With a state binder the batch's state is gathered from
+        its requests' slots first (`fresh`: a first prefill chunk starts
+        from no state) and scattered back after."""
         import torch
         from unikv.sim.real.attention import StepContext, use_step
 
         ctx = StepContext(views=self.views, block_tables=dict(batch.block_tables), cu_q=batch.cu_q,
                           seq_lens=batch.seq_lens, write_slots=dict(batch.write_slots), layout=batch.layout)
         keep = batch.sample_rows if batch.layout == "packed" else 0
+        kwargs: dict[str, Any] = {"use_cache": False}
+        slots = cache = None
+        if self.binder is not None:
+            slots = self.mem.pool.translate(_state_ids(batch.requests), self.state_band)
+            start = self._mark()
+            cache = self.binder.before(slots, fresh=fresh)
+            self._bind_marks.append((start, self._mark()))
+            kwargs = {"use_cache": True, self.cache_kwarg: cache}
         with torch.inference_mode(), use_step(ctx):
             out = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
-                             use_cache=False, logits_to_keep=keep)
+                             logits_to_keep=keep, **kwargs)
+            if cache is not None:
+                start = self._mark()
+                self.binder.after(cache, slots)
+                self._bind_marks.append((start, self._mark()))
         # packed: logits [1, S, V] at the sampled rows; padded: [B, 1, V], every row samples
         logits = out.logits[0] if batch.layout == "packed" else out.logits[:, -1]
         return logits.argmax(-1)
@@ -153,13 +196,15 @@ class RealExecutor:
         self.step_s.append(measured)
         start, end = self._marks
         if start is not None:
-            self.forward_s.append(start.elapsed_time(end) / 1e3 if self.cuda else end - start)
+            self.forward_s.append(self._seconds(start, end))
             self._marks = (None, None)
-        if self._pending is not None:
-            batch, picks = self._pending
-            for r, t in zip(batch.samplers, picks.tolist()):
+        if self.binder is not None:
+            self.state_s.append(sum(self._seconds(a, b) for a, b in self._bind_marks))
+            self._bind_marks = []
+        for samplers, picks in self._pending:
+            for r, t in zip(samplers, picks.tolist()):
                 self.generated.setdefault(r.rid, []).append(int(t))
-            self._pending = None
+        self._pending = []
         if self.cost is not None:
             return self.cost.duration_s(plan, moved_bytes)
         return measured
@@ -169,6 +214,37 @@ class RealExecutor:
         fire = getattr(event, "fire", None)
         if fire is not None:  # a sim event: nothing fires it but us
             fire()
+
+
+def state_plans(plan: StepPlan) -> list[tuple[StepPlan, bool]]:
+    """`plan` as the forwards a model with recurrent state runs: each
+    prefill chunk alone (transformers' Mamba-2 and short-conv layers do not
+    separate packed sequences: a conv would mix one request's tokens into
+    the next's), then every decoder in one `[B, 1]` batch.
+
+    Returns:
+        (sub-plan, fresh) in batch order; `fresh`: the chunk starts the
+        request at position 0 (a first chunk, or a readmission's first:
+        its state slot holds nothing of it yet).
+    """
+    out = [(dataclasses.replace(plan, prefill=[(r, n)], decode=[], prefill_tokens=n), r.seq - n == 0)
+           for r, n in plan.prefill]
+    if plan.decode:
+        out.append((dataclasses.replace(plan, prefill=[], decode=list(plan.decode), prefill_tokens=0), False))
+    return out
+
+
+def _state_ids(requests) -> list[int]:
+    """The state slot ids (`Request.state`) of `requests`, in order.
+
+    Raises:
+        ValueError: a request holds no state slot.
+    """
+    ids = [r.state for r in requests]
+    if any(s is None for s in ids):
+        raise ValueError(f"requests {[r.rid for r in requests if r.state is None]} hold no state slot: the "
+                         "memory layer allocates one per running request of a recurrent model")
+    return ids
 
 
 # -- building a real run (sim.run calls these for executor="real") --
@@ -226,7 +302,7 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
     placed = layers.model_layers(lm.config, real_model.torch_dtype(dtype),
                                  bands={"sliding": "full"} if folded else None)
     try:
-        layers.check_stateless(placed, lm.config)  # its forward would drop the state between steps
+        binder = _state_binder(lm, placed, memory)
     except ValueError as exc:
         raise ValueError(f"model={config.model!r}: {exc}") from None
     if not folded and placed.window_tokens != memory.window:
@@ -244,14 +320,45 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
     tokens = TokenSource(vocab_size=int(lm.config.vocab_size), block_tokens=block, seed=config.seed)
     cost = CostModelExecutor(memory, step_cost, kv_read) if config.real_clock == "cost" else None
     graphs = None
-    if config.decode_graphs:
+    if config.decode_graphs and binder is None:  # the state gather / scatter is not captured: eager decode
         from unikv.sim.real.graphs import DecodeGraphs
 
         graphs = DecodeGraphs(lm, views, bands, device=config.device, max_pages=_max_pages(lm.config, memory))
-    executor = RealExecutor(memory, lm, views, tokens, bands=bands, device=config.device, cost=cost, graphs=graphs)
+    executor = RealExecutor(memory, lm, views, tokens, bands=bands, device=config.device, cost=cost, graphs=graphs,
+                            binder=binder, state_band=memory.state_band if binder is not None else None)
     if executor.cuda and config.real_clock == "measured":  # start-up work an engine does before its clock runs
         executor.warm_up(config.scheduler.max_running)
     return executor
+
+
+def _state_binder(lm, placed, memory):
+    """The `StateBinder` of a model with recurrent layers over the memory
+    layer's state band (None for an attention-only model).
+
+    Raises:
+        ValueError: one line: recurrent layers it cannot bind (named by
+            type, `layers.check_recurrent`), a layout without a state band,
+            a state band of another size, or a prefix cache (its blocks'
+            state slots hold their request's final state, not the state at
+            the block's end: a hit would resume from the wrong state).
+    """
+    from unikv.sim.real import layers
+    from unikv.sim.real.state import StateBinder, pool_state_views, recurrent_layers
+
+    if not placed.recurrent:
+        return None
+    try:
+        bound = tuple(g.layer for g in recurrent_layers(lm))
+    except ValueError:
+        bound = ()
+    layers.check_recurrent(placed, lm.config, bound=bound)
+    if memory.state_band is None:
+        raise ValueError(f"layers {list(placed.recurrent)} keep recurrent state; the layout has no state band")
+    if memory.cache is not None:
+        raise ValueError("prefix_cache: a cached block's state slot holds its request's final state, not the "
+                         "state at the block's end, so a hit would resume a recurrent model from the wrong "
+                         "state; expected --no-prefix-cache (prefix_cache=False) with recurrent layers")
+    return StateBinder(lm, pool_state_views(lm, memory.pool, memory.state_band))
 
 
 def _max_pages(hf_config, memory) -> int:
@@ -297,6 +404,11 @@ def executor_summary(config, executor: RealExecutor) -> dict:
                 "real_step_s_total": sum(steps), "real_forward_tokens": executor.forward_tokens,
                 "real_forward_s_total": sum(executor.forward_s)})
     out.update(non_forward_summary(executor))
+    if executor.binder is not None:  # what binding the recurrent state to the pool's slots costs
+        out.update(real_state_s_total=sum(executor.state_s),
+                   real_state_share_of_forward=sum(executor.state_s) / max(sum(executor.forward_s), 1e-12))
+    if config.decode_graphs and executor.binder is not None:
+        out["graph_off"] = "recurrent state: decode runs eagerly (the state gather / scatter is not captured)"
     if executor.graphs is not None:
         stats = executor.graphs.stats()
         out.update(graph_steps=stats["steps"], graph_buckets=stats["buckets"], graph_captured=stats["captured"],

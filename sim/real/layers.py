@@ -20,8 +20,9 @@ transformers' modeling code does (5.17 and 5.24 alike):
 `check_layout(layers, layout)` holds that description against the bands
 unikv's `build_layout` made for the same config: the bytes per token of each
 band must be equal (K and V of every layer of the band), else the views
-would misread the pool. `check_stateless(layers)` refuses recurrent layers
-for a forward that binds no recurrent state (the real executor's, for now).
+would misread the pool. `check_recurrent(layers, bound=...)` refuses
+recurrent layers whose state the forward does not bind to the pool's state
+slots (the real executor binds Mamba-2 mixers and short-conv layers).
 """
 
 from __future__ import annotations
@@ -33,9 +34,13 @@ import torch
 
 from unikv.tensors import LayerKV
 
-FULL, SLIDING, RECURRENT = "full", "sliding", "recurrent"
-_KINDS = {"full_attention": FULL, "sliding_attention": SLIDING,
-          "linear_attention": RECURRENT, "mamba": RECURRENT, "mamba2": RECURRENT, "conv": RECURRENT}
+FULL, SLIDING, RECURRENT, NONE = "full", "sliding", "recurrent", "none"
+# "mlp" / "moe": Nemotron-H's feed-forward-only layers (`NemotronHConfig.layer_types`), no cache;
+# "attention" / "mamba": the legacy names transformers 5.24 remaps to "full_attention" /
+# "linear_attention" (`configuration_utils._LEGACY_LAYER_TYPE_REMAP`)
+_KINDS = {"full_attention": FULL, "attention": FULL, "sliding_attention": SLIDING,
+          "linear_attention": RECURRENT, "mamba": RECURRENT, "mamba2": RECURRENT, "conv": RECURRENT,
+          "mlp": NONE, "moe": NONE}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +48,8 @@ class ModelLayers:
     """The per-layer cache of one model.
 
     Attributes:
-        kinds: per layer index, "full", "sliding" or "recurrent".
+        kinds: per layer index, "full", "sliding", "recurrent" or "none"
+            (a feed-forward layer: no cache).
         kv: the attention layers' `LayerKV`, ascending by layer.
         window_tokens: the sliding layers' window (None without one).
     """
@@ -106,7 +112,7 @@ def model_layers(config, dtype: torch.dtype, *, bands: Mapping[str, str] | None 
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
     kv_heads = getattr(c, "num_key_value_heads", None) or heads
     kv = tuple(LayerKV(i, names[k], kv_heads, head_dim, head_dim, dtype)
-               for i, k in enumerate(kinds) if k != RECURRENT)
+               for i, k in enumerate(kinds) if k in (FULL, SLIDING))
     return ModelLayers(kinds=kinds, kv=kv, window_tokens=window)
 
 
@@ -154,22 +160,27 @@ def check_layout(layers: ModelLayers, layout) -> None:
                              f"the layout's band has blocks_per_page={have[name].blocks_per_page}")
 
 
-def check_stateless(layers: ModelLayers, config=None) -> None:
-    """Refuse a model with recurrent layers for a forward that carries no
-    recurrent state between steps (the real executor runs `use_cache=False`:
-    each step's Mamba / DeltaNet / conv layers would start from zero state,
-    and decode would yield wrong tokens without an error).
+def check_recurrent(layers: ModelLayers, config=None, *, bound: tuple[int, ...] = ()) -> None:
+    """Refuse recurrent layers whose state the forward does not carry
+    between steps: every recurrent layer must be in `bound` (the layers a
+    `sim.real.state.StateBinder` gathers and scatters). A layer left out
+    would start each step from zero state (the real executor runs without
+    transformers' own cache), and decode would yield wrong tokens without
+    an error.
 
     Args:
         config: the transformers config, to name its layer types (optional).
+        bound: layer indices whose state is bound to the pool's state slots.
     Raises:
-        ValueError: naming the recurrent layers (and their types).
+        ValueError: naming the unbound recurrent layers (and their types).
     """
-    if not layers.recurrent:
+    loose = [i for i in layers.recurrent if i not in set(bound)]
+    if not loose:
         return
     c = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
     types = getattr(c, "layer_types", None) if c is not None else None
-    kinds = sorted({types[i] for i in layers.recurrent}) if types else ["recurrent"]
-    raise ValueError(f"layers {list(layers.recurrent)} keep recurrent state ({', '.join(kinds)}), which the real "
-                     "executor does not carry between steps yet (sim/real/state.py binds it outside the "
-                     "scheduler); expected a model whose layers are all attention")
+    kinds = sorted({types[i] for i in loose}) if types else ["recurrent"]
+    model = getattr(c, "model_type", None) or "this model"
+    raise ValueError(f"layers {loose} keep recurrent state ({', '.join(kinds)}) of {model}, which the real "
+                     "executor cannot bind to the pool's state slots (sim/real/state.py binds Mamba-2 "
+                     "mixers and short-conv layers); expected Nemotron-H, LFM3 or an attention-only model")

@@ -331,3 +331,22 @@ def torch_index_select(src: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) 
     import torch
 
     torch.index_select(src, 0, idx, out=out)
+
+
+def pool_state_views(model, pool, band: str) -> StateViews:
+    """`StateViews` of `model`'s recurrent layers (`layer_states`: conv in
+    the model's dtype, SSM in fp32) over the pool's state band `band`.
+
+    Raises:
+        ValueError: one line: the band's bytes per request differ from what
+            the model's recurrent layers keep (named, with the dtypes), or
+            the model has no layer `recurrent_layers` can bind.
+    """
+    states = layer_states(model, band)
+    need, have = state_bytes(states), pool.layout.geometry(band).band.entry_bytes
+    if need != have:
+        dtypes = sorted({str(t[2]).removeprefix("torch.") for s in states for t in s.tensors})
+        raise ValueError(f"state band {band!r} holds {have} bytes per request; the model's {len(states)} "
+                         f"recurrent layers keep {need} (in {', '.join(dtypes)}: conv in the model's dtype, "
+                         "SSM in fp32); expected equal sizes")
+    return StateViews(pool, states)

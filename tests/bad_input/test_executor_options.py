@@ -96,14 +96,12 @@ def test_a_config_transformers_cannot_build_is_refused(tmp_path):
         build_model(path)
 
 
-def test_a_model_with_recurrent_layers_is_refused(tmp_path):
-    """The real executor carries no recurrent state between steps: a
-    Nemotron-H (mamba + attention) replay would decode from zero state."""
-    pytest.importorskip("transformers")
-    from pathlib import Path
+CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[1] / "data" / "configs"
 
-    source = Path(__file__).resolve().parents[1] / "data" / "configs" / "nvidia--Nemotron-H-56B-Base-8K_config.json"
-    cfg = json.loads(source.read_text())
+
+def nemotron_h(tmp_path):
+    """Nemotron-H-56B trimmed to 4 layers (mamba, attention, mamba, attention), fp32."""
+    cfg = json.loads((CONFIGS / "nvidia--Nemotron-H-56B-Base-8K_config.json").read_text())
     cfg.pop("auto_map", None)
     cfg.update(hidden_size=64, mamba_num_heads=4, mamba_head_dim=16, n_groups=2, ssm_state_size=16, conv_kernel=4,
                num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_head_dim=16,
@@ -112,6 +110,39 @@ def test_a_model_with_recurrent_layers_is_refused(tmp_path):
     path = tmp_path / "nemotron_h" / "config.json"
     path.parent.mkdir()
     path.write_text(json.dumps(cfg))
-    result, out = replay(tmp_path, path)
-    assert_refused(result, "layers [0, 2]", "recurrent state", "linear_attention")
+    return path
+
+
+def test_a_recurrent_model_with_prefix_caching_is_refused(tmp_path):
+    """A prefix-cache block's state slot holds its request's final state, not
+    the state at the block's end: a hit would resume a Mamba layer wrongly."""
+    pytest.importorskip("transformers")
+    result, out = replay(tmp_path, nemotron_h(tmp_path), "--trace", "mooncake_conversation")  # prefix hashes
+    assert_refused(result, "prefix_cache", "recurrent", "--no-prefix-cache")
+    assert not out.exists()
+
+
+def test_a_state_band_of_another_size_than_the_models_state_is_refused(tmp_path):
+    """unikv's config reader keeps conv state in 2 bytes; an fp32 model keeps
+    it in 4: the views would misread the slots."""
+    pytest.importorskip("transformers")
+    result, out = replay(tmp_path, nemotron_h(tmp_path), "--no-prefix-cache")
+    assert_refused(result, "state band 'mamba' holds", "bytes per request", "float32")
+    assert not out.exists()
+
+
+def test_recurrent_layers_the_executor_cannot_bind_are_refused_by_name(tmp_path):
+    """Qwen3-Next's gated DeltaNet layers keep state the binder does not
+    gather (it binds Mamba-2 mixers and short-conv layers): refused."""
+    pytest.importorskip("transformers")
+    cfg = json.loads((CONFIGS / "Qwen--Qwen3-Next-80B-A3B-Thinking_config.json").read_text())
+    cfg.update(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+               moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+               linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+               num_hidden_layers=4, vocab_size=256, torch_dtype="float32")
+    path = tmp_path / "qwen3_next" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(cfg))
+    result, out = replay(tmp_path, path, "--no-prefix-cache")
+    assert_refused(result, "layers [0, 1, 2]", "linear_attention", "qwen3_next", "cannot bind")
     assert not out.exists()

@@ -24,8 +24,9 @@ relocations, page moves and retractions and fails without them, then
 compares every generated token with transformers' greedy `generate` of the
 request alone (its own cache, the same weights).
 
-Not yet the real scheduler (`sim.run`): unikv's config reader has no LFM3
-defaults and the real executor binds no recurrent state (docs/real_executor.md).
+Not the real scheduler (`sim.run`): unikv's config reader has no LFM3
+defaults (LFM2 and Nemotron-H replay through `sim.run` with their state
+bound: `test_hybrid_replay.py`).
 """
 
 from __future__ import annotations

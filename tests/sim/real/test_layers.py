@@ -11,7 +11,7 @@ import torch
 import transformers
 from unikv.sim.layouts import build_layout
 from unikv.sim.models import load_model
-from unikv.sim.real.layers import check_layout, check_stateless, model_layers
+from unikv.sim.real.layers import check_layout, check_recurrent, model_layers
 
 from unikv import Band, Layout
 
@@ -86,8 +86,30 @@ def test_configs_it_cannot_describe_are_refused_by_field():
         model_layers(cfg, torch.bfloat16)
 
 
-def test_check_stateless_names_the_recurrent_layers_and_their_types():
-    check_stateless(model_layers(hub_config("openai--gpt-oss-20b"), torch.bfloat16))  # attention only
+def test_check_recurrent_names_the_unbound_recurrent_layers_and_their_types():
+    check_recurrent(model_layers(hub_config("openai--gpt-oss-20b"), torch.bfloat16))  # attention only
     cfg = hub_config("Qwen--Qwen3-Next-80B-A3B-Thinking")
-    with pytest.raises(ValueError, match=r"^layers \[0, 1, 2, 4, .*\] keep recurrent state \(linear_attention\)"):
-        check_stateless(model_layers(cfg, torch.bfloat16), cfg)
+    layers = model_layers(cfg, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^layers \[0, 1, 2, 4, .*\] keep recurrent state \(linear_attention\) "
+                                         r"of qwen3_next, which the real executor cannot bind"):
+        check_recurrent(layers, cfg)
+    with pytest.raises(ValueError, match=r"^layers \[2, 4, .*\] keep recurrent state"):
+        check_recurrent(layers, cfg, bound=(0, 1))  # only the unbound ones are named
+    check_recurrent(layers, cfg, bound=layers.recurrent)
+
+
+def test_nemotron_h_feed_forward_layers_keep_no_cache():
+    """Nemotron-H's "mlp" / "moe" layers (`NemotronHConfig.layer_types`) hold neither KV nor state."""
+    cfg = transformers.NemotronHConfig(hybrid_override_pattern="M*M-E", num_hidden_layers=5)
+    layers = model_layers(cfg, torch.bfloat16)
+    assert cfg.layer_types[3:] == ["mlp", "moe"] and layers.kinds[3:] == ("none", "none")
+    assert layers.recurrent == (0, 2) and [s.layer for s in layers.kv] == [1]
+
+
+def test_legacy_layer_type_names_read_as_transformers_remaps_them():
+    """"mamba" / "attention" (older transformers' Nemotron-H names) are
+    "linear_attention" / "full_attention" (transformers 5.24's
+    `_LEGACY_LAYER_TYPE_REMAP`)."""
+    cfg = transformers.LlamaConfig(num_hidden_layers=3, hidden_size=64, num_attention_heads=4)
+    cfg.layer_types = ["mamba", "attention", "mlp"]
+    assert model_layers(cfg, torch.bfloat16).kinds == ("recurrent", "full", "none")

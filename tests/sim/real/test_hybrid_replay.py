@@ -1,0 +1,252 @@
+"""A Nemotron-H hybrid replayed through `sim.run` with the real executor, its Mamba-2 state in the pool's slots.
+
+The model is Nemotron-H-56B's config trimmed to 4 layers (mamba, attention,
+mamba, MLP), hidden 64, random weights, fp32 on the CPU. Eighteen requests
+of varied prompt (5-39) and output (2-11) lengths arrive one every 2 ms and
+run through the real scheduler and memory layer (`sim.run.run`,
+`executor="real"`, layout `end_end`: `mamba(up) | full(down)`). The memory
+layer gives each running request a state slot; the executor gathers the
+step's requests' state from those slots into the model's cache before each
+forward and scatters it back after (`sim.real.state.StateBinder`): every
+prefill chunk runs alone (at most 16 tokens per step, so long prompts
+prefill in several chunks, each continuing from the state the previous one
+left), decoders run together `[B, 1]`. The budget is tight and the decode
+reserve off, so pages and state slots move under compaction and running
+requests are retracted mid-generation (their readmission recomputes the
+state from position 0 in a new slot); the test counts both and fails
+without them, then compares every generated token with transformers' own
+greedy `generate` of the request alone (its own cache, the same weights).
+A control that starts every forward from zero state changes tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+if not hasattr(transformers.DynamicCache, "update_conv_state"):
+    pytest.skip("this transformers' cache has no linear-attention API (update_conv_state)",
+                allow_module_level=True)
+
+from unikv.sim import run as sim_run  # noqa: E402
+from unikv.sim.config import RunConfig, SchedulerConfig  # noqa: E402
+from unikv.sim.memory import Memory  # noqa: E402
+from unikv.sim.model_spec import ModelSpec  # noqa: E402
+from unikv.sim.real import executor as real_executor  # noqa: E402
+from unikv.sim.real.batch import build_batch  # noqa: E402
+from unikv.sim.request import Request  # noqa: E402
+
+SOURCE = Path(__file__).resolve().parents[2] / "data" / "configs" / "nvidia--Nemotron-H-56B-Base-8K_config.json"
+TRIM = {"hidden_size": 64, "mamba_num_heads": 4, "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16,
+        "conv_kernel": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "attention_head_dim": 16,
+        "head_dim": 16, "intermediate_size": 128, "vocab_size": 256, "chunk_size": 8,
+        "hybrid_override_pattern": "M*M-", "num_hidden_layers": 4, "time_step_rank": 8,
+        "initializer_range": 0.1, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+        "pad_token_id": 0}
+N = 18
+BUDGET_GIB = 44_000 / 2**30  # bytes: state slots and KV pages move, 15 retractions after generating (52 KB: none)
+
+
+# LFM2 (short conv + full attention, `models/lfm2`), the fields of LiquidAI/LFM2-1.2B's config.json at CPU size
+LFM2 = {"architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "hidden_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "block_auto_adjust_ff_dim": False, "vocab_size": 256,
+        "num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "conv"], "conv_L_cache": 3,
+        "conv_bias": False, "max_position_embeddings": 4096, "norm_eps": 1e-5, "initializer_range": 0.1,
+        "tie_word_embeddings": True, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+        "pad_token_id": 0}
+
+
+def config_file(tmp_path: Path, name: str = "nemotron_h") -> Path:
+    if name == "lfm2":
+        raw = LFM2
+    else:
+        raw = json.loads(SOURCE.read_text()) | TRIM
+        raw.pop("auto_map", None)
+    path = tmp_path / name / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def trace() -> pd.DataFrame:
+    """18 requests, one every 2 ms, no prefix hashes (the real executor
+    refuses prefix caching for recurrent models)."""
+    rng = np.random.default_rng(1)
+    return pd.DataFrame({"arrival_s": np.arange(N) * 0.002, "prompt_tokens": rng.integers(5, 40, N),
+                         "output_tokens": rng.integers(2, 12, N)})
+
+
+def fp32_conv(spec: ModelSpec) -> ModelSpec:
+    """The spec with its conv state in 4 bytes per element, as an fp32
+    model keeps it. unikv's `ModelSpec` supports only 2-byte conv state
+    (`legacy_state_dtype`), so the same bytes are given as twice the bf16
+    conv elements; the executor checks the state band's bytes against the
+    model's own state (`sim.real.state.pool_state_views`)."""
+    (kind,) = spec.state_kinds
+    wide = dataclasses.replace(kind, conv_elems=2 * kind.conv_elems)
+    return dataclasses.replace(spec, state_kinds=(wide,), state_bytes=wide.bytes_per_request)
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def replay(tmp_path, monkeypatch, compaction: str, *, zero_state: bool = False, clock: str = "cost",
+           name: str = "nemotron_h", budget_gib: float = BUDGET_GIB, graphs: bool = False):
+    """Run the trace; returns (result, executor, generated counts at each
+    retraction, chunks that continued a prefill from its slot's state)."""
+    load = sim_run.load_model
+    monkeypatch.setattr(sim_run, "load_model", lambda *a, **k: fp32_conv(load(*a, **k)))
+    built, retracted_at, continued = {}, [], []
+    build = real_executor.build_real_executor
+
+    def building(*a, **k):
+        ex = build(*a, **k)
+        if zero_state:  # the control: every forward starts from no state, as without the binder
+            before = ex.binder.before
+            ex.binder.before = lambda slots, fresh=False: before(slots, fresh=True)
+        return built.setdefault("ex", ex)
+
+    monkeypatch.setattr(real_executor, "build_real_executor", building)
+    retract = Memory.retract
+
+    def counting_retract(self, req, now):
+        retracted_at.append(req.generated)
+        retract(self, req, now)
+
+    monkeypatch.setattr(Memory, "retract", counting_retract)
+    split = real_executor.state_plans
+
+    def splitting(plan):
+        parts = split(plan)
+        continued.extend(p.prefill[0][0].rid for p, fresh in parts if p.prefill and not fresh)
+        return parts
+
+    monkeypatch.setattr(real_executor, "state_plans", splitting)
+    monkeypatch.setattr(real_executor, "build_batch", lockstep_build)
+    config = RunConfig(trace="test", model=str(config_file(tmp_path, name)), kv_cache_dtype="fp32",
+                       executor="real", real_clock=clock, decode_graphs=graphs, kv_budget_gib=budget_gib,
+                       page_size=4, layout="end_end",
+                       compaction=compaction, check_every=1, scheduler=SchedulerConfig(
+                           max_running=16, prefill_tokens_per_step=16, reserve_init=0.0, reserve_min=0.0,
+                           reserve_decay=0.0, prefix_cache=False))
+    return sim_run.run(config, trace_df=trace()), built["ex"], retracted_at, continued
+
+
+def lockstep_build(plan, pool, *args, **kwargs):
+    """`build_batch`, its device tables held equal to the host-built ones at every forward."""
+    fast = build_batch(plan, pool, *args, **kwargs)
+    ref = build_batch(plan, pool, *args, readable=True, **kwargs)
+    for band in ref.block_tables:
+        assert torch.equal(fast.block_tables[band], ref.block_tables[band]), (plan.index, band)
+        assert torch.equal(fast.write_slots[band], ref.write_slots[band]), (plan.index, band)
+    return fast
+
+
+def references(model, ex, requests: pd.DataFrame) -> dict[int, list[int]]:
+    """transformers' own greedy generation of each request alone (its own cache)."""
+    model.set_attn_implementation("eager")
+    out = {}
+    with torch.inference_mode():
+        for rid, prompt, n in zip(requests["rid"], requests["prompt_tokens"], requests["output_tokens"]):
+            ids = torch.as_tensor(ex.tokens.prompt(Request(int(rid), 0.0, int(prompt), int(n))))[None]
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=int(n), do_sample=False,
+                                 pad_token_id=0)
+            out[int(rid)] = gen[0, ids.shape[1]:].tolist()
+    return out
+
+
+CASES = [("nemotron_h", "lazy"), ("nemotron_h", "eager"), ("lfm2", "lazy"), ("lfm2", "eager")]
+BUDGETS = {"nemotron_h": BUDGET_GIB, "lfm2": 27_000 / 2**30}  # LFM2: 3 retractions after generating (lazy and eager)
+
+
+@pytest.mark.parametrize("name,compaction", CASES)
+def test_a_hybrids_replay_through_sim_run_equals_transformers_greedy_tokens(tmp_path, monkeypatch, one_thread,
+                                                                           name, compaction):
+    res, ex, retracted_at, continued = replay(tmp_path, monkeypatch, compaction, name=name,
+                                              budget_gib=BUDGETS[name])
+    assert res.violations == []
+    assert ex.binder is not None and ex.state_band == "mamba"
+    stats = ex.mem.pool.stats()["bands"]
+    assert res.steps["moves"].iloc[-1] > 0 and stats["full"]["moves"] > 0, "compaction moved no KV page"
+    assert stats["mamba"]["moves"] > 0, "no state slot moved under the views"
+    assert any(g > 0 for g in retracted_at), "no request was retracted mid-generation"
+    assert continued, "no prefill continued from the state its previous chunk left"
+    assert res.steps["admitted"].iloc[0] < N and len(res.requests) == N
+    want = references(ex.model, ex, res.requests)
+    for rid in want:
+        assert ex.generated[rid] == want[rid], f"request {rid}"
+
+
+@pytest.mark.parametrize("name", ["nemotron_h", "lfm2"])
+def test_control_a_replay_that_drops_the_state_between_forwards_changes_tokens(tmp_path, monkeypatch, one_thread,
+                                                                               name):
+    res, ex, _, _ = replay(tmp_path, monkeypatch, "lazy", zero_state=True, name=name, budget_gib=BUDGETS[name])
+    want = references(ex.model, ex, res.requests)
+    assert any(ex.generated[rid] != want[rid] for rid in want)
+
+
+def test_the_forward_timing_spans_every_sub_forward_of_a_step(tmp_path, monkeypatch, one_thread):
+    """With the measured clock, each step's forward time covers its prefill
+    chunks' and its decoders' forwards (one span), inside the step's time."""
+    res, ex, _, _ = replay(tmp_path, monkeypatch, "lazy", clock="measured")
+    assert res.steps["step_time_s"].tolist() == ex.step_s
+    times = res.steps["step_time_s"].tolist()
+    assert len(ex.forward_s) == len(ex.decode_only) == len(ex.step_s) == len(times)
+    assert all(0 < f < t for f, t in zip(ex.forward_s, ex.step_s))
+    assert ex.decode_only.count(True) == int((res.steps["prefill_tokens"] == 0).sum())
+    # the state gather / scatter is timed inside the forward's span, and summarised
+    assert len(ex.state_s) == len(times) and all(0 < b < f for b, f in zip(ex.state_s, ex.forward_s))
+    assert res.summary["real_state_s_total"] == pytest.approx(sum(ex.state_s))
+    assert 0 < res.summary["real_state_share_of_forward"] < 1
+
+
+def test_decode_graphs_are_off_for_a_recurrent_model_and_the_summary_says_so(tmp_path, monkeypatch, one_thread):
+    """The state gather / scatter around a decode is not captured: with
+    `decode_graphs` a hybrid decodes eagerly (tokens unchanged); the
+    summary says why. Attention-only models keep their graphs
+    (`test_executor.py`)."""
+    res, ex, _, _ = replay(tmp_path, monkeypatch, "lazy", name="lfm2", budget_gib=BUDGETS["lfm2"], graphs=True)
+    assert ex.graphs is None and "graph_steps" not in res.summary
+    assert res.summary["graph_off"].startswith("recurrent state: decode runs eagerly")
+    want = references(ex.model, ex, res.requests)
+    assert all(ex.generated[rid] == want[rid] for rid in want)
+
+
+def test_unikv_replay_of_a_bundled_slice_with_a_hybrid_writes_the_cost_replays_tables(tmp_path, one_thread):
+    """`unikv replay --executor real` on a Nemotron-H in bf16 (its state
+    band as the config reader sizes it: conv bf16, SSM fp32, as the model
+    keeps them) writes the usual files; with the cost clock its steps and
+    requests equal a cost-model replay's, and its summary holds the cost
+    replay's columns plus the executor's, the state binding's time included."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bad_input"))
+    from cli_probe import RUN_FILES, run_cli
+
+    path = config_file(tmp_path)
+    common = ["replay", "--trace", "azure_conv", "--max-requests", "6", "--max-context-tokens", "40",
+              "--model", path, "--kv-cache-dtype", "bf16", "--no-prefix-cache", "--kv-budget-gib", "0.0001",
+              "--page-size", "4", "--oversize", "reject", "--no-oracle", "--no-figures", "-q"]
+    real = run_cli([*common, "--executor", "real", "--dtype", "bf16", "--real-clock", "cost",
+                    "--out", tmp_path / "real"])
+    cost = run_cli([*common, "--out", tmp_path / "cost"])
+    assert real.rc == 0 and cost.rc == 0, (real.stderr, cost.stderr)
+    assert {p.name for p in (tmp_path / "real").iterdir()} == set(RUN_FILES["parquet"])
+    for table in ("steps", "requests"):
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "real" / f"{table}.parquet"),
+                                      pd.read_parquet(tmp_path / "cost" / f"{table}.parquet"))
+    got = json.loads((tmp_path / "real" / "summary.json").read_text())["summary"]
+    want = json.loads((tmp_path / "cost" / "summary.json").read_text())["summary"]
+    assert set(want) < set(got) and got["executor"] == "real" and got["real_state_s_total"] > 0
