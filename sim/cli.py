@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import math
 import sys
 import typing
 import warnings
@@ -141,7 +140,7 @@ SUMMARY_ROWS = [
     ("hole ratio / unusable free ratio", lambda s: f"{s['mean_hole_ratio']:.4f} / {s['mean_unusable_free_ratio']:.4f}"),
     ("page moves / GiB moved", lambda s: f"{s['moves']} / {s['moved_bytes'] / 2**30:.2f}"),
     ("compaction time (s) / overhead", lambda s: f"{s['move_time_s']:.4f} / {100 * s['compaction_overhead']:.3f} %"),
-    ("capacity efficiency vs oracle", lambda s: f"{s.get('capacity_efficiency', math.nan):.3f}"),
+    ("capacity efficiency vs oracle", lambda s: f"{s['capacity_efficiency']:.3f}"),
     ("simulated time / steps", lambda s: f"{s['sim_time_s']:.1f} s / {s['steps']}"),
     ("step-time model", lambda s: _step_time_model(s)),
 ]
@@ -186,7 +185,9 @@ def _replay(argv: Sequence[str]) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/replay"),
                         help="output folder, replaced whole when the run is written")
     parser.add_argument("--format", choices=("parquet", "csv"), default="parquet")
-    parser.add_argument("--no-oracle", action="store_true", help="skip the oracle run (no capacity efficiency)")
+    parser.add_argument("--no-oracle", action="store_true",
+                        help="skip the oracle run (no capacity efficiency); a real replay on the measured "
+                             "clock never runs it (the oracle runs on the cost model's clock)")
     parser.add_argument("--no-figures", action="store_true")
     _add_quiet(parser, "summary")
     args = parser.parse_args(argv)
@@ -195,11 +196,15 @@ def _replay(argv: Sequence[str]) -> int:
     check_out_dir(args.out)  # before the replay: a bad place fails at once
     with progress_bar(config.layout, show=show) as progress:
         result = run(config, progress=progress)
-    if not args.no_oracle and config.layout != "oracle":
+    # a measured real replay runs on the GPU's clock and the oracle on the cost
+    # model's: their mean running requests are not comparable, so no efficiency
+    measured = config.executor == "real" and config.real_clock == "measured"
+    if not args.no_oracle and config.layout != "oracle" and not measured:
         # the oracle ignores compaction and the static ratio, and runs under
         # the same engine rules as the layout it scores
         engine = effective_engine(config.scheduler.engine, config.layout)
-        # the oracle scores memory only: the cost model runs it, also for a real replay
+        # the oracle scores memory only: the cost model runs it, also for a real
+        # replay on the cost clock
         oracle_config = config.with_(layout="oracle", compaction="lazy", static_ratio=None, engine=engine,
                                      executor="cost", weights=None, device="cpu", dtype=None,
                                      real_clock="measured", decode_graphs=False)

@@ -231,6 +231,29 @@ def test_a_real_replay_of_a_bundled_slice_writes_the_cost_replays_tables(tmp_pat
     assert want["identity"]["executor"] == {"executor": "cost"}
 
 
+def test_a_measured_real_replay_is_not_scored_against_the_cost_clocks_oracle(tmp_path, one_thread):
+    """The oracle runs on the cost model's clock: against a replay on the
+    measured clock its mean running requests are not comparable, so the
+    replay runs no oracle and prints no efficiency; on the cost clock it does."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bad_input"))
+    from cli_probe import run_cli
+
+    path = tmp_path / "llama" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(trimmed("llama")))
+    common = ["replay", "--trace", "azure_conv", "--max-requests", "3", "--max-context-tokens", "24",
+              "--model", path, "--kv-cache-dtype", "fp32", "--kv-budget-gib", "0.00004", "--page-size", "4",
+              "--oversize", "reject", "--no-figures", "--executor", "real"]
+    runs = {clock: run_cli([*common, "--real-clock", clock, "--out", tmp_path / clock]) for clock in ("measured", "cost")}
+    assert all(r.rc == 0 for r in runs.values()), {k: r.stderr for k, r in runs.items()}
+    summary = {k: json.loads((tmp_path / k / "summary.json").read_text())["summary"] for k in runs}
+    assert "capacity_efficiency" not in summary["measured"] and "capacity_efficiency" in summary["cost"]
+    line = next(x for x in runs["measured"].stdout.splitlines() if "capacity efficiency vs oracle" in x)
+    assert line.split()[-1] == "n/a"
+
+
 def test_the_measured_clock_advances_by_each_steps_measured_time(tmp_path, monkeypatch, one_thread):
     res, ex, _ = replay(tmp_path, monkeypatch, "llama", "lazy", 0.0001, clock="measured")
     times = res.steps["step_time_s"].tolist()
