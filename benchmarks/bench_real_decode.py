@@ -435,12 +435,17 @@ def main(argv=None) -> int:
         del lm
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
+    write_rows(rows, out)
+    return 0
+
+
+def write_rows(rows: list[dict], out: Path) -> None:
+    """`rows` as CSV, every key a column (the first row's keys first)."""
     keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in rows[0], k))
     with out.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-    return 0
 
 
 def overlap_main(args, out: Path) -> int:
@@ -472,11 +477,7 @@ def overlap_main(args, out: Path) -> int:
             torch.cuda.empty_cache()
         rows.append(row)
         print(row, flush=True)
-    keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in rows[0], k))
-    with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
+    write_rows(rows, out)
     return 0
 
 

@@ -64,15 +64,6 @@ def trace() -> pd.DataFrame:
     return df
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread: on 2 shared cores, more threads make tiny forwards 30x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def replay(tmp_path, monkeypatch, name: str, compaction: str, budget_gib: float, device: str = "cpu",
            graphs: bool = False, clock: str = "cost", layout: str = "end_end"):
     """Run the trace; returns (result, executor, generated counts at each retraction)."""
@@ -199,19 +190,28 @@ def test_local_weights_load_onto_the_meta_built_model(tmp_path, one_thread, name
     assert not torch.equal(build_model(path, seed=0)(input_ids=ids).logits, loaded(input_ids=ids).logits)
 
 
+def llama_config(tmp_path) -> Path:
+    """The trimmed Llama config as a model folder's config.json, for the CLI
+    (`cli_probe`, in tests/bad_input, made importable)."""
+    import sys
+
+    probe = str(Path(__file__).resolve().parents[2] / "bad_input")
+    if probe not in sys.path:
+        sys.path.insert(0, probe)
+    path = tmp_path / "llama" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(trimmed("llama")))
+    return path
+
+
 def test_a_real_replay_of_a_bundled_slice_writes_the_cost_replays_tables(tmp_path, one_thread):
     """`unikv replay --executor real` on a bundled trace slice writes the usual
     files; with the cost clock its steps and requests equal a cost-model
     replay's, step for step (same boundaries, same memory decisions), and
     its summary holds the cost replay's columns plus the executor's."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bad_input"))
+    path = llama_config(tmp_path)  # makes cli_probe importable
     from cli_probe import RUN_FILES, run_cli
 
-    path = tmp_path / "llama" / "config.json"
-    path.parent.mkdir()
-    path.write_text(json.dumps(trimmed("llama")))
     common = ["replay", "--trace", "azure_conv", "--max-requests", "6", "--max-context-tokens", "40",
               "--model", path, "--kv-cache-dtype", "fp32", "--kv-budget-gib", "0.00004", "--page-size", "4",
               "--oversize", "reject", "--no-oracle", "--no-figures", "-q"]
@@ -235,14 +235,9 @@ def test_a_measured_real_replay_is_not_scored_against_the_cost_clocks_oracle(tmp
     """The oracle runs on the cost model's clock: against a replay on the
     measured clock its mean running requests are not comparable, so the
     replay runs no oracle and prints no efficiency; on the cost clock it does."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bad_input"))
+    path = llama_config(tmp_path)  # makes cli_probe importable
     from cli_probe import run_cli
 
-    path = tmp_path / "llama" / "config.json"
-    path.parent.mkdir()
-    path.write_text(json.dumps(trimmed("llama")))
     common = ["replay", "--trace", "azure_conv", "--max-requests", "3", "--max-context-tokens", "24",
               "--model", path, "--kv-cache-dtype", "fp32", "--kv-budget-gib", "0.00004", "--page-size", "4",
               "--oversize", "reject", "--no-figures", "--executor", "real"]

@@ -94,14 +94,6 @@ def fp32_conv(spec: ModelSpec) -> ModelSpec:
     return dataclasses.replace(spec, state_kinds=(wide,), state_bytes=wide.bytes_per_request)
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def replay(tmp_path, monkeypatch, compaction: str, *, zero_state: bool = False, clock: str = "cost",
            name: str = "nemotron_h", budget_gib: float = BUDGET_GIB, graphs: bool = False):
     """Run the trace; returns (result, executor, generated counts at each
