@@ -481,7 +481,7 @@ def against_none(rows: list[dict]) -> None:
 # -- command line --
 
 SMOKE = dict(batch=2, context=64, prefix=64, chunk=32, residents=2, resident_tokens=64, move_cap=4, steps=2,
-             warm=1, modes=["none", "same", "side", "side-p2"])
+             warm=1, modes=["none", "same", "side-p2"])
 
 
 def main(argv=None) -> int:
@@ -493,7 +493,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=64, help="decode: requests")
     ap.add_argument("--context", type=int, default=8192, help="decode: tokens per request")
     ap.add_argument("--prefix", type=int, default=8192, help="prefill: cached prefix tokens")
-    ap.add_argument("--chunk", type=int, default=4096, help="prefill: tokens prefilled per step")
+    ap.add_argument("--chunk", type=int, default=2048, help="prefill: tokens prefilled per step")
     ap.add_argument("--residents", type=int, default=2, help="churn: residents no forward reads")
     ap.add_argument("--resident-tokens", type=int, default=8192, help="churn: tokens per resident")
     ap.add_argument("--move-cap", type=int, default=512, help="most pages one flush moves per band")
@@ -582,13 +582,19 @@ def run_all(args, modes: list[Mode], brd) -> list[dict]:
 
 def write_config(args, model_path: Path) -> None:
     """The run's settings and versions, beside its rows."""
+    from importlib import metadata
+
     import torch
-    import transformers
-    import triton
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
 
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    cfg.update(device=DEVICE, dtype=DTYPE, model_config=str(model_path), torch=torch.__version__,
-               triton=triton.__version__, transformers=transformers.__version__,
+    cfg.update(device=DEVICE, dtype=DTYPE, model_config=str(model_path),
+               versions={n: version(n) for n in ("torch", "triton", "transformers", "unikv")},
                gpu=torch.cuda.get_device_name() if DEVICE == "cuda" else None)
     (args.out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 

@@ -53,7 +53,7 @@ def test_smoke_writes_rows_traces_and_config(bench, tiny_config, tmp_path, capsy
     assert "no CUDA streams on a CPU" in capsys.readouterr().out
     rows = list(csv.DictReader((out / "move_overlap.csv").open()))
     assert [(r["case"], r["mode"]) for r in rows] == [(c, m) for c in ("decode", "prefill")
-                                                      for m in ("none", "same", "side", "side-p2")]
+                                                      for m in ("none", "same", "side-p2")]
     for r in rows:
         assert r["status"] == "ok" and r["tables_equal"] == "True", r
         assert int(r["steps"]) == 2
@@ -67,7 +67,7 @@ def test_smoke_writes_rows_traces_and_config(bench, tiny_config, tmp_path, capsy
         events = json.loads(gzip.decompress((out / "traces" / f"{r['case']}_{r['mode']}.json.gz").read_bytes()))
         assert any(e.get("name") == bench.FORWARD_RANGE for e in events["traceEvents"])
     config = json.loads((out / "config.json").read_text())
-    assert config["device"] == "cpu" and config["modes"] == ["none", "same", "side", "side-p2"]
+    assert config["device"] == "cpu" and config["modes"] == ["none", "same", "side-p2"]
 
 
 def test_bounded_mode_bounds_every_move_launch(bench, tiny_config, tmp_path, monkeypatch, one_thread):
