@@ -332,7 +332,8 @@ def run_mode(kind: str, mode: Mode, lm, spec, placed, args, trace: Path | None) 
         equal = case.tables_equal()
     out = summarize(records[args.warm:])
     out.update(status="ok", tables_equal=equal, page_bytes=json.dumps(
-        {b: pool.layout.geometry(b).page_bytes for b in pool.bands}), trace_step_moves=rec["moves"])
+        {b: pool.layout.geometry(b).page_bytes for b in pool.bands}), trace_step_moves=rec["moves"],
+               trace_step_moved_mb=rec["moved_bytes"] / 1e6)
     if trace is not None:
         out.update(save_trace(prof, trace))
     del case, residents, views, pool
