@@ -65,10 +65,12 @@ def test_move_programs_is_keyword_only():
 
 @pytest.mark.gpu
 @CUDA
-def test_bounded_moves_on_a_low_priority_side_stream():
-    """The documented set-up: the pool on a default-priority side stream
-    with a bounded grid, the caller's work on a higher-priority stream."""
+def test_bounded_moves_on_a_side_stream(monkeypatch):
+    """The documented set-up on a GPU: the pool on its own (default-priority)
+    stream, every move launch on at most 4 programs, exact in lockstep."""
+    seen = spy_launches(monkeypatch)
     side = torch.cuda.Stream()
-    with torch.cuda.stream(torch.cuda.Stream(priority=-1)), torch.cuda.stream(side):
+    with torch.cuda.stream(side):
         Lockstep(CudaBackend("cuda", stream=side, move_programs=4), "lazy", seed=5).run(steps=80)
     torch.cuda.synchronize()
+    assert seen and set(seen) == {4}
