@@ -48,8 +48,10 @@ a torch.profiler Chrome trace of one more step (`traces/<case>_<mode>.json.gz`;
 mode none's trace is the baseline): the move kernels' time, how much of it
 ran while forward kernels ran, the forward's kernel time (sum of its
 kernels) and span (first start to last end), and their growth against mode
-none: what the moves really cost the forward. Rows go to
-`<out>/move_overlap.csv`, the run's settings to `<out>/config.json`.
+none: what the moves really cost the forward. Last, rows of case `alone`:
+each grid's move kernel by itself on an idle GPU (`--alone-mb` MB in 1 MiB
+pages), the time and bandwidth to set the moves beside the forward against.
+Rows go to `<out>/move_overlap.csv`, the run's settings to `<out>/config.json`.
 
     python benchmarks/bench_move_overlap.py --out results/real/h200/move_overlap
     python benchmarks/bench_move_overlap.py --smoke CONFIG --out /tmp/move_overlap   # CPU check, tiny sizes
@@ -59,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import gzip
 import importlib.util
@@ -464,6 +467,49 @@ def merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
+def moves_alone(modes: list[Mode], megabytes: int, repeats: int = 5) -> list[dict]:
+    """Each move-kernel grid of `modes` alone on an idle device: a disjoint
+    move of `megabytes` MB in 1 MiB pages (CPU: 8 pages of 4 KiB), median of
+    `repeats` after one that compiles; the times to set the moves' times
+    beside the forward against."""
+    import torch
+
+    try:
+        from unikv.kernels.move import kernel as move
+    except ImportError:
+        print("alone: no Triton, no move kernel to time")
+        return []
+    page = 1 << 20 if DEVICE == "cuda" else 4096
+    n = max(1, megabytes * 10**6 // page) if DEVICE == "cuda" else 8
+    buf = torch.zeros(2 * n * page, dtype=torch.uint8, device=DEVICE)
+    src = torch.arange(n, device=DEVICE)
+    rows = []
+    for programs in sorted({m.programs for m in modes if m.churn}, key=lambda p: p or 0):
+        copy = functools.partial(move.move_pages, buf, page, src, src + n, disjoint=True, max_programs=programs)
+        times = [timed_us(copy) for _ in range(repeats + 1)]
+        us = statistics.median(times[1:])
+        rows.append({"case": "alone", "mode": "full-grid" if programs is None else f"p{programs}",
+                     "move_programs": programs, "status": "ok", "moved_mb_per_moving_step": n * page / 1e6,
+                     "move_us": us, "move_gb_per_s": 2 * n * page / us / 1e3})
+    return rows
+
+
+def timed_us(fn) -> float:
+    """Microseconds `fn()` takes: CUDA events on the device, else the host clock."""
+    import torch
+
+    if DEVICE != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) * 1e3
+
+
 def against_none(rows: list[dict]) -> None:
     """Each row's cost against its case's mode-none row, in place."""
     base = {r["case"]: r for r in rows if r.get("mode") == "none" and r.get("status") == "ok"}
@@ -500,6 +546,8 @@ def main(argv=None) -> int:
     ap.add_argument("--move-cap", type=int, default=512, help="most pages one flush moves per band")
     ap.add_argument("--steps", type=int, default=6, help="measured steps per mode (then one traced)")
     ap.add_argument("--warm", type=int, default=2, help="unmeasured steps first")
+    ap.add_argument("--alone-mb", type=int, default=900,
+                    help="then each mode's move grid alone on an idle GPU, this many MB (0: skip)")
     ap.add_argument("--forward-priority", type=int, default=-1,
                     help="the forward stream's priority (lower = higher; the side stream has 0)")
     ap.add_argument("--smoke", type=Path, default=None, metavar="CONFIG",
@@ -545,8 +593,9 @@ def check_sizes(args) -> None:
     for key in ("batch", "residents", "move_cap", "steps"):
         if getattr(args, key) <= 0:
             raise ValueError(f"--{key.replace('_', '-')}={getattr(args, key)} must be positive")
-    if args.warm < 0:
-        raise ValueError(f"--warm={args.warm} must be >= 0")
+    for key in ("warm", "alone_mb"):
+        if getattr(args, key) < 0:
+            raise ValueError(f"--{key.replace('_', '-')}={getattr(args, key)} must be >= 0")
 
 
 def run_all(args, modes: list[Mode], brd) -> list[dict]:
@@ -578,6 +627,10 @@ def run_all(args, modes: list[Mode], brd) -> list[dict]:
                 torch.cuda.empty_cache()
             rows.append(row)
             print(row, flush=True)
+    if args.alone_mb:
+        for row in moves_alone(modes, args.alone_mb):
+            rows.append(row)
+            print(row, flush=True)
     return rows
 
 
@@ -603,7 +656,7 @@ def write_config(args, model_path: Path) -> None:
 def print_table(rows: list[dict]) -> None:
     """The rows that matter, one line per case and mode."""
     cols = ("case", "mode", "step_ms", "step_ms_moving", "step_added_ms", "forward_added_ms",
-            "moved_mb_per_moving_step", "move_us", "move_beside_forward_us", "forward_kernel_growth_us",
+            "moved_mb_per_moving_step", "move_us", "move_gb_per_s", "move_beside_forward_us", "forward_kernel_growth_us",
             "forward_span_growth_us", "tables_equal", "status")
     print(" | ".join(cols))
     for r in rows:

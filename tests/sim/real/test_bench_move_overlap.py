@@ -53,8 +53,11 @@ def test_smoke_writes_rows_traces_and_config(bench, tiny_config, tmp_path, capsy
     assert "no CUDA streams on a CPU" in capsys.readouterr().out
     rows = list(csv.DictReader((out / "move_overlap.csv").open()))
     assert [(r["case"], r["mode"]) for r in rows] == [(c, m) for c in ("decode", "prefill")
-                                                      for m in ("none", "same", "side-p2")]
-    for r in rows:
+                                                      for m in ("none", "same", "side-p2")] + [
+        ("alone", "full-grid"), ("alone", "p2")]
+    alone = rows[-2:]
+    assert [r["move_programs"] for r in alone] == ["", "2"] and all(float(r["move_us"]) > 0 for r in alone)
+    for r in rows[:-2]:
         assert r["status"] == "ok" and r["tables_equal"] == "True", r
         assert int(r["steps"]) == 2
         if r["mode"] == "none":
