@@ -16,7 +16,7 @@ of `residents` residents leaves (its pages become holes below the others);
 the lazy flush after the forward's launch moves up to `move_cap` top pages
 per band into those holes.
 
-Modes (`--modes`): `none` (no churn, no moves: the baseline step); `same`
+Modes (`--modes`): `none` (no churn, no flush: the baseline step); `same`
 (the pool's work and moves on the forward's stream: the moves add to the
 step); `side` (the pool on a side stream, one program per tile: the move
 takes every SM while it runs); `side-pN` (the pool on a side stream, each
@@ -361,7 +361,7 @@ def one_step(case, pool, residents: Residents, streams: Streams, mode: Mode, pre
     with streams.on(streams.fwd):
         if streams.side is not None:
             streams.fwd.wait_stream(streams.side)  # ordering 2: tables, uploads and moved pages are ready
-        start, stop = mark(streams.fwd), None
+        start = mark(streams.fwd)
         with torch.profiler.record_function(FORWARD_RANGE):
             case.forward(batch)
         stop = mark(streams.fwd)
@@ -369,7 +369,7 @@ def one_step(case, pool, residents: Residents, streams: Streams, mode: Mode, pre
         if streams.fwd is not None:
             done.record(streams.fwd)
     moves = 0
-    if mode.name != "none":
+    if mode.churn:  # mode none: no flush either
         with streams.on(streams.pool_stream):  # ordering 3: the moves wait for nothing
             pool.set_inflight_forward(done, case.writes())
             moves = pool.flush(urgent=False)
