@@ -15,7 +15,8 @@ if not torch.cuda.is_available():
     # Must precede the first import of Triton (see tests/kernels/conftest.py).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from tests.backends.test_cuda_backend import CUDA, Lockstep  # noqa: E402
+from test_cuda_backend import CUDA, Lockstep  # noqa: E402  (pytest puts this folder on sys.path)
+
 from unikv.backends.cuda import CudaBackend  # noqa: E402
 
 
