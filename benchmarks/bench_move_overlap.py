@@ -540,7 +540,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=64, help="decode: requests")
     ap.add_argument("--context", type=int, default=8192, help="decode: tokens per request")
     ap.add_argument("--prefix", type=int, default=8192, help="prefill: cached prefix tokens")
-    ap.add_argument("--chunk", type=int, default=2048, help="prefill: tokens prefilled per step")
+    ap.add_argument("--chunk", type=int, default=4096, help="prefill: tokens prefilled per step")
     ap.add_argument("--residents", type=int, default=2, help="churn: residents no forward reads")
     ap.add_argument("--resident-tokens", type=int, default=8192, help="churn: tokens per resident")
     ap.add_argument("--move-cap", type=int, default=512, help="most pages one flush moves per band")
