@@ -91,3 +91,49 @@ def test_checks(device):
         triton_move.move_pages(buf, 10, ids, ids[:1])
     with pytest.raises(ValueError, match="outside the grid"):
         triton_move.move_pages(buf, 10, ids, ids + 99)
+
+
+# -- bounded grid: at most max_programs programs, each looping over its tiles --
+
+
+@pytest.mark.parametrize("page_bytes", [3, 100, 12288])
+@pytest.mark.parametrize("max_programs", [1, 3, 8])
+@pytest.mark.parametrize("shape", ["disjoint", "shift_down", "shift_up", "compact", "cycles"])
+def test_bounded_grid_matches_reference(page_bytes, max_programs, shape, gen, device, move_batch):
+    """Every batch shape (the overlapping ones through their plans: waves,
+    staged rounds, stashed cycles) copies exactly on a bounded grid."""
+    n = 37
+    src, dst = move_batch(shape, n, 2 * n + 5, gen)
+    buf = random_buffer(2 * n + 5, page_bytes, gen, device)
+    check_move(buf, page_bytes, src, dst, device, max_programs=max_programs)
+
+
+@pytest.mark.parametrize("max_programs", [1, 5])
+def test_bounded_grid_over_chunked_pages_and_small_tiles(max_programs, gen, device, move_batch):
+    """Pages split into chunks (tiles of 256 bytes) and staged rounds of 4
+    pages: a program loops over many (row group, chunk) items."""
+    page_bytes, n = 1000, 23
+    src, dst = move_batch("shift_down", n, 2 * n + 5, gen)
+    buf = random_buffer(2 * n + 5, page_bytes, gen, device)
+    check_move(buf, page_bytes, src, dst, device, max_programs=max_programs, tile_bytes=256,
+               stage_bytes=4 * page_bytes)
+    src, dst = move_batch("disjoint", n, 2 * n + 5, gen)
+    check_move(buf, page_bytes, src, dst, device, max_programs=max_programs, tile_bytes=256, disjoint=True)
+
+
+def test_bounded_grid_size():
+    t = triton_move.tiling(row_elems=1000, word_bytes=8, tile_bytes=256)  # 32 words a tile: chunks of a row
+    assert t.work(10) == 10 * t.chunks_per_row > 8
+    assert t.grid(10) == (t.work(10),)
+    assert t.grid(10, max_programs=8) == (8,)
+    assert t.grid(1, max_programs=10 ** 6) == (t.work(1),)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, "8"])
+def test_bad_max_programs_is_refused_before_any_copy(bad, device):
+    buf = torch.arange(100, dtype=torch.uint8, device=device)
+    before = buf.clone()
+    ids = torch.arange(3, device=device)
+    with pytest.raises(ValueError, match=r"move_pages: max_programs=.* must be a positive integer"):
+        triton_move.move_pages(buf, 10, ids, ids + 3, max_programs=bad)
+    assert torch.equal(buf, before)

@@ -68,17 +68,32 @@ class CudaBackend:
             events and stream waits; None uses the current stream at each
             call. The allocator core issues its other torch ops on the
             current stream, so run the pool under `torch.cuda.stream(s)`
-            with the same stream you pass here.
+            with the same stream you pass here. For page moves that run
+            beside the forward, the forward's stream should outrank this one
+            when the block scheduler picks between them: CUDA ranks a lower
+            priority number higher, and torch's default (0) is already the
+            lowest, so give the FORWARD a stream made with
+            `torch.cuda.Stream(priority=-1)` (or lower) and this one the default.
+        move_programs: the most programs (CTAs) one page-move launch runs
+            (`unikv.kernels.move.kernel.move_pages`' `max_programs`): a
+            small bound keeps a side-stream move to a few SMs so the forward
+            keeps the rest; None (default) launches one program per tile,
+            which takes the whole GPU until the move ends. Ignored when
+            Triton is missing (the torch fallback copies).
     Raises:
-        ValueError: for a device that is neither CUDA nor CPU, or a CUDA
-            device when CUDA is not available.
+        ValueError: for a device that is neither CUDA nor CPU, a CUDA
+            device when CUDA is not available, a stream on a CPU device, or
+            a `move_programs` that is not a positive int or None.
     """
 
     materialized = True
     shares_host_memory = False
     native_ids = "torch"  # the engine that drives a CUDA pool holds torch tensors
 
-    def __init__(self, device: str | torch.device = "cuda", stream: Any | None = None) -> None:
+    def __init__(self, device: str | torch.device = "cuda", stream: Any | None = None, *,
+                 move_programs: int | None = None) -> None:
+        if move_programs is not None and (type(move_programs) is not int or move_programs <= 0):
+            raise ValueError(f"CudaBackend: move_programs={move_programs!r} must be a positive int or None")
         dev = torch.device(device)
         if dev.type not in ("cuda", "cpu"):
             raise ValueError(f"CudaBackend: device={device!r} must be a CUDA device or 'cpu'")
@@ -92,6 +107,7 @@ class CudaBackend:
             raise ValueError("CudaBackend: stream is only meaningful on a CUDA device")
         self.device = dev
         self.stream = stream
+        self.move_programs = move_programs
         self.cuda = dev.type == "cuda"
         self.ops = _kernel_ops()
 
@@ -188,13 +204,15 @@ class CudaBackend:
                    disjoint: bool | None = None) -> None:
         """Copy page rows `src -> dst` (see `unikv.kernels.move.kernel`); the
         page lists travel in one upload, and an overlapping move is planned
-        from the host lists (no device read)."""
+        from the host lists (no device read). Each launch runs on at most
+        `move_programs` programs when the backend was built with it."""
         if buffer is None or len(src) == 0:
             return
         s, d = self._upload(src, dst)
         with self._on_stream():
             if self.ops.triton:  # the planner reads the host lists: no device read
-                self.ops.move_pages(buffer, page_bytes, s, d, disjoint=disjoint, host_pages=(src, dst))
+                self.ops.move_pages(buffer, page_bytes, s, d, disjoint=disjoint, host_pages=(src, dst),
+                                    max_programs=self.move_programs)
             else:
                 self.ops.move_pages(buffer, page_bytes, s, d, disjoint=disjoint)
 

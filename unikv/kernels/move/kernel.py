@@ -13,6 +13,12 @@ rounds of at most three launches that stage through a temp buffer for short
 ones.
 Deciding needs the page lists on the host: one device->host read unless the
 caller passes `disjoint=True`.
+
+Bounded grid (`max_programs`): every launch has at most that many programs,
+each looping over the work items (tiles) `pid, pid + grid, ...`. A move
+issued on a side stream then holds only a few SMs while it runs, and the
+forward's kernels keep the rest; a full grid (the default) takes every SM
+until its last tile is done, so the forward's next kernels wait for it.
 """
 
 from __future__ import annotations
@@ -52,29 +58,32 @@ class Tune(TypedDict):
     tile_bytes: int
     num_warps: int
     streaming: bool
+    max_programs: int | None
 
 
 @triton.jit
 def _copy_rows_kernel(src_ptr, dst_ptr, src_rows_ptr, dst_rows_ptr, n_rows, row_elems, chunks_per_row,
                       ROWS: tl.constexpr, BLOCK: tl.constexpr, STREAMING: tl.constexpr):
-    # Program -> (group of ROWS rows, chunk of BLOCK words of each row).
-    pid = tl.program_id(0)
-    group = pid // chunks_per_row
-    chunk = pid - group * chunks_per_row
-    r = group * ROWS + tl.arange(0, ROWS)
-    rmask = r < n_rows
-    s = tl.load(src_rows_ptr + r, mask=rmask, other=0)
-    d = tl.load(dst_rows_ptr + r, mask=rmask, other=0)
-    cols = chunk * BLOCK + tl.arange(0, BLOCK)
-    mask = rmask[:, None] & (cols < row_elems)[None, :]
-    src = src_ptr + (s * row_elems)[:, None] + cols[None, :]
-    dst = dst_ptr + (d * row_elems)[:, None] + cols[None, :]
-    if STREAMING:  # each byte is touched once: keep it out of the caches' way
-        x = tl.load(src, mask=mask, eviction_policy="evict_first")
-        tl.store(dst, x, mask=mask, cache_modifier=".cs")
-    else:
-        x = tl.load(src, mask=mask)
-        tl.store(dst, x, mask=mask)
+    # Work item -> (group of ROWS rows, chunk of BLOCK words of each row);
+    # program pid takes items pid, pid + grid, ... (one item on a full grid).
+    n_work = tl.cdiv(n_rows, ROWS) * chunks_per_row
+    for work in tl.range(tl.program_id(0), n_work, tl.num_programs(0)):
+        group = work // chunks_per_row
+        chunk = work - group * chunks_per_row
+        r = group * ROWS + tl.arange(0, ROWS)
+        rmask = r < n_rows
+        s = tl.load(src_rows_ptr + r, mask=rmask, other=0)
+        d = tl.load(dst_rows_ptr + r, mask=rmask, other=0)
+        cols = chunk * BLOCK + tl.arange(0, BLOCK)
+        mask = rmask[:, None] & (cols < row_elems)[None, :]
+        src = src_ptr + (s * row_elems)[:, None] + cols[None, :]
+        dst = dst_ptr + (d * row_elems)[:, None] + cols[None, :]
+        if STREAMING:  # each byte is touched once: keep it out of the caches' way
+            x = tl.load(src, mask=mask, eviction_policy="evict_first")
+            tl.store(dst, x, mask=mask, cache_modifier=".cs")
+        else:
+            x = tl.load(src, mask=mask)
+            tl.store(dst, x, mask=mask)
 
 
 _INTERPRETED = interpreted(_copy_rows_kernel)  # kernels run on CPU tensors too
@@ -104,8 +113,14 @@ class Tiling:
     chunks_per_row: int
     num_warps: int
 
-    def grid(self, n_rows: int) -> tuple[int]:
-        return (cdiv(n_rows, self.rows) * self.chunks_per_row,)
+    def work(self, n_rows: int) -> int:
+        """Tiles (work items) of a copy of `n_rows` rows."""
+        return cdiv(n_rows, self.rows) * self.chunks_per_row
+
+    def grid(self, n_rows: int, max_programs: int | None = None) -> tuple[int]:
+        """One program per tile, or at most `max_programs` looping over them."""
+        work = self.work(n_rows)
+        return (work if max_programs is None else min(work, max_programs),)
 
 
 @functools.lru_cache(maxsize=256)
@@ -121,16 +136,18 @@ def tiling(row_elems: int, word_bytes: int, tile_bytes: int = TILE_BYTES, num_wa
 
 def copy_rows(src_flat: torch.Tensor, src_rows: torch.Tensor, dst_flat: torch.Tensor, dst_rows: torch.Tensor,
               row_elems: int, tile_bytes: int = TILE_BYTES, num_warps: int = NUM_WARPS,
-              streaming: bool = STREAMING) -> None:
+              streaming: bool = STREAMING, max_programs: int | None = None) -> None:
     """One launch: rows `src_rows[i]` of `src_flat` -> rows `dst_rows[i]` of
-    `dst_flat` (flat tensors of one word dtype, rows of `row_elems` words).
+    `dst_flat` (flat tensors of one word dtype, rows of `row_elems` words),
+    on at most `max_programs` programs (None: one per tile).
     Sources must not be written by this launch."""
     n = int(src_rows.numel())
     if n == 0:
         return
     t = tiling(row_elems, src_flat.element_size(), tile_bytes, num_warps)
-    _copy_rows_kernel[t.grid(n)](src_flat, dst_flat, src_rows, dst_rows, n, row_elems, t.chunks_per_row,
-                                 ROWS=t.rows, BLOCK=t.block, STREAMING=streaming, num_warps=t.num_warps)
+    _copy_rows_kernel[t.grid(n, max_programs)](src_flat, dst_flat, src_rows, dst_rows, n, row_elems,
+                                               t.chunks_per_row, ROWS=t.rows, BLOCK=t.block,
+                                               STREAMING=streaming, num_warps=t.num_warps)
 
 
 # -- launcher --
@@ -138,7 +155,7 @@ def copy_rows(src_flat: torch.Tensor, src_rows: torch.Tensor, dst_flat: torch.Te
 
 def move_pages(buffer: torch.Tensor, page_bytes: int, src: torch.Tensor, dst: torch.Tensor, *,
                disjoint: bool | None = None, host_pages: tuple | None = None,
-               stage_bytes: int = STAGE_BYTES,
+               stage_bytes: int = STAGE_BYTES, max_programs: int | None = None,
                tile_bytes: int = TILE_BYTES, num_warps: int = NUM_WARPS, streaming: bool = STREAMING) -> None:
     """Copy page rows `src[i] -> dst[i]` on the grid of `page_bytes` pages.
 
@@ -154,10 +171,17 @@ def move_pages(buffer: torch.Tensor, page_bytes: int, src: torch.Tensor, dst: to
             ones, when the caller has them: the plan is made from these and
             the host read is skipped.
         stage_bytes: most temp bytes one staging round uses.
+        max_programs: most programs (CTAs) per launch, each looping over
+            its share of the tiles; None (default): one program per tile.
+            A small bound leaves most SMs to kernels of other streams. The
+            torch reference (CPU without the interpreter) ignores it.
     Raises:
-        ValueError: for bad dtypes, shapes or devices, a page off the grid or
-            a repeated destination (the last two only when checked).
+        ValueError: for bad dtypes, shapes or devices, a `max_programs` that
+            is not a positive int or None, a page off the grid or a repeated
+            destination (the last two only when checked).
     """
+    if max_programs is not None:
+        check_positive(max_programs, "max_programs", "move_pages")
     n = _check_move(buffer, page_bytes, src, dst)
     if n == 0:
         return
@@ -166,7 +190,7 @@ def move_pages(buffer: torch.Tensor, page_bytes: int, src: torch.Tensor, dst: to
         return reference.move_pages(buffer, page_bytes, src, dst)
     flat, width = word_view(buffer, page_bytes)
     row_elems = page_bytes // width
-    tune = Tune(tile_bytes=tile_bytes, num_warps=num_warps, streaming=streaming)
+    tune = Tune(tile_bytes=tile_bytes, num_warps=num_warps, streaming=streaming, max_programs=max_programs)
     if disjoint:
         return copy_rows(flat, src, flat, dst, row_elems, **tune)
     num_pages = buffer.numel() // page_bytes

@@ -1,0 +1,668 @@
+"""Page moves beside the forward: does lazy compaction on a side stream, on a
+bounded grid, add step time? (issue 16 item 6, last point)
+
+A case is one step shape on one model (random weights built on the GPU, as
+`bench_real_decode.py` builds them), every step moving pages:
+- `decode`: B requests of `context` tokens decode one token each through
+  the CUDA graph of `sim.real.graphs.DecodeGraphs` (HBM-bound: the moves
+  compete with the forward for bandwidth);
+- `prefill`: one request prefills `chunk` tokens over a cached prefix of
+  `prefix` tokens, eagerly, packed layout (tensor-core bound: HBM has room).
+  Its chunk is given back at the start of the next step, so every step is
+  the same.
+Churn, every step with moves: a resident of `resident_tokens` tokens that no
+forward reads enters the pool (its pages extend the bands), then the oldest
+of `residents` residents leaves (its pages become holes below the others);
+the lazy flush after the forward's launch moves up to `move_cap` top pages
+per band into those holes.
+
+Modes (`--modes`): `none` (no churn, no flush: the baseline step); `same`
+(the pool's work and moves on the forward's stream: the moves add to the
+step); `side` (the pool on a side stream, one program per tile: the move
+takes every SM while it runs); `side-pN` (the pool on a side stream, each
+move launch on at most N programs: `CudaBackend(move_programs=N)`). The
+forward runs on a stream of priority `--forward-priority` in every mode
+(default -1: above the side stream's 0, torch's default and CUDA's lowest).
+On a CPU (`--smoke`) there are no streams: every mode runs on one, as
+`same` does, and the output says so.
+
+Orderings in the side modes, and why each wait is there:
+1. The side stream waits for the last forward's done event before the
+   step's pool work: that work frees pages the last forward read (the
+   prefill's chunk, a leaving resident), refills holes, and commits the
+   last flush's remaps to the device tables the last forward read.
+2. The forward's stream waits for the side stream (all its work so far):
+   the forward reads the committed tables, the uploaded rows and ids, and
+   the pages the last flush moved.
+3. The moves the flush issues after the forward's launch wait for nothing:
+   the pool never moves a page the forward writes (`set_inflight_forward`:
+   a flush stops at such a page), moves into holes no forward reads, and
+   keeps a page moved out of a place the in-flight forward reads from reuse
+   until its done event fires (both only read the source meanwhile). The
+   remap reaches the device tables at the next step's commit, after wait 1.
+
+Per case and mode: the step (wall, host work included, synchronised every
+step: median over the measured steps, and over those that moved pages), the
+forward (CUDA events on its stream), moves and bytes per moving step. From
+a torch.profiler Chrome trace of one more step (`traces/<case>_<mode>.json.gz`;
+mode none's trace is the baseline): the move kernels' time, how much of it
+ran while forward kernels ran, the forward's kernel time (sum of its
+kernels) and span (first start to last end), and their growth against mode
+none: what the moves really cost the forward. Last, rows of case `alone`:
+each grid's move kernel by itself on an idle GPU (`--alone-mb` MB in 1 MiB
+pages), the time and bandwidth to set the moves beside the forward against.
+Rows go to `<out>/move_overlap.csv`, the run's settings to `<out>/config.json`.
+
+    python benchmarks/bench_move_overlap.py --out results/real/h200/move_overlap
+    python benchmarks/bench_move_overlap.py --smoke CONFIG --out /tmp/move_overlap   # CPU check, tiny sizes
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import gc
+import gzip
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+PS = 16
+MOVE_KERNEL = "_copy_rows_kernel"
+FORWARD_RANGE = "unikv.forward"
+MODES = ("none", "same", "side", "side-p4", "side-p8", "side-p16", "side-p32")
+
+
+def decode_bench():
+    """`bench_real_decode.py` (this folder) as a module: its `Case`, configs
+    and CSV writer (loaded by path: `python -P` puts no script folder on sys.path)."""
+    if "bench_real_decode" in sys.modules:
+        return sys.modules["bench_real_decode"]
+    spec = importlib.util.spec_from_file_location("bench_real_decode", Path(__file__).with_name("bench_real_decode.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_real_decode"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Where the pool's work runs, and the move kernel's grid bound."""
+
+    name: str
+    side: bool
+    churn: bool
+    programs: int | None = None
+
+
+def parse_mode(name: str) -> Mode:
+    """`none`, `same`, `side` or `side-pN` (N >= 1); ValueError naming it otherwise."""
+    if name in ("none", "same", "side"):
+        return Mode(name, side=name == "side", churn=name != "none")
+    n = name[len("side-p"):]
+    if name.startswith("side-p") and n.isdigit() and int(n) > 0:
+        return Mode(name, side=True, churn=True, programs=int(n))
+    raise ValueError(f"--modes: {name!r} is not none, same, side or side-pN (N a positive integer)")
+
+
+class Streams:
+    """The forward's stream and the pool's (a side stream, or the forward's)."""
+
+    def __init__(self, mode: Mode, cuda: bool, priority: int) -> None:
+        import torch
+
+        self.fwd = torch.cuda.Stream(priority=priority) if cuda else None
+        self.side = torch.cuda.Stream() if cuda and mode.side else None
+        self.pool_stream = self.side if self.side is not None else self.fwd
+
+    def on(self, stream):
+        import torch
+
+        return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+class Residents:
+    """Pool residents no forward reads, `tokens` each: `turn()` admits one
+    (its pages extend the bands), then the oldest of `count` leaves (holes)."""
+
+    def __init__(self, pool, window: int | None, count: int, tokens: int) -> None:
+        self.pool, self.window, self.tokens = pool, window, tokens
+        self.held = [fill(pool, window, tokens) for _ in range(count)]
+
+    def turn(self) -> None:
+        self.held.append(fill(self.pool, self.window, self.tokens))
+        self.pool.free_pages(self.held.pop(0))
+
+
+def fill(pool, window: int | None, tokens: int) -> list[int]:
+    """Virtual pages of a new request of `tokens` tokens (a multiple of the
+    page size), allocated a window at a time, its window-band pages released
+    as they leave the window (the engine's ratchet)."""
+    chunk = max(PS, (window or tokens) // PS * PS)
+    pages: list[int] = []
+    released = 0
+    for start in range(0, tokens, chunk):
+        got = pool.alloc(min(chunk, tokens - start))
+        if got is None:
+            raise MemoryError("the layout cannot hold the case")
+        pages.extend(page_list(got))
+        done = max(0, min(tokens, start + chunk) - window) // PS if window else 0
+        if done > released:
+            pool.release_pages(pages[released:done], "swa")
+            released = done
+    return pages
+
+
+def page_list(ids) -> list[int]:
+    """The virtual pages of whole-page token ids, in position order."""
+    ids = np.asarray(ids, dtype=np.int64)
+    pages = ids[::PS] // PS
+    if not np.array_equal(ids // PS, np.repeat(pages, PS)):
+        raise AssertionError("alloc returned ids that are not whole pages in position order")
+    return pages.tolist()
+
+
+# -- the two step shapes --
+
+
+class DecodeCase:
+    """`bench_real_decode.Case`'s B requests decoding through CUDA graphs."""
+
+    def __init__(self, lm, pool, views, spec, args, device: str) -> None:
+        from unikv.sim.real.graphs import DecodeGraphs
+
+        self.views = views
+        self.case = decode_bench().Case(pool, views, spec, args.batch, args.context, device)
+        width = -(-(args.context + args.steps + 4 * PS) // PS) + 1
+        self.graphs = DecodeGraphs(lm, views, views.bands, device=device, max_pages=width,
+                                   buckets=(args.batch,))  # one capture: this batch's
+        self.batch = None
+
+    def warm_up(self) -> None:
+        self.graphs.capture_buckets(len(self.case.pages))
+
+    def pool_work(self):
+        """The step's allocator work (one token each) and its batch."""
+        self.batch = self.case.host_step(flush=False)
+        return self.batch
+
+    def writes(self) -> np.ndarray:
+        return self.case.last
+
+    def forward(self, batch):
+        picks = self.graphs.run(batch)
+        if picks is None:
+            raise RuntimeError("no decode graph bucket fits the batch")
+        return picks
+
+    def tables_equal(self) -> bool:
+        """The device-translated rows of the last batch equal the host rebuild."""
+        import torch
+
+        v = self.views
+        return all(torch.equal(v.translate_pages(self.batch.page_rows, b), v.block_table(self.case.pages, b))
+                   for b in v.bands)
+
+
+class PrefillCase:
+    """One request prefilling `chunk` tokens over a cached `prefix`."""
+
+    def __init__(self, lm, pool, views, spec, args, device: str) -> None:
+        import torch
+
+        self.lm, self.pool, self.views, self.device = lm, pool, views, device
+        self.window = spec.window_tokens if "swa" in pool.bands else None
+        self.prefix, self.chunk = args.prefix, args.chunk
+        self.pages = fill(pool, self.window, args.prefix)
+        self.chunk_ids: np.ndarray | None = None
+        self.chunk_pages: list[int] = []
+        self.vocab = min(256, lm.config.vocab_size)
+        self.cu_q = torch.tensor([0, args.chunk], dtype=torch.int32, device=device)
+        self.seq_lens = torch.tensor([args.prefix + args.chunk], dtype=torch.int32, device=device)
+        self.positions = torch.arange(args.prefix, args.prefix + args.chunk, device=device).view(1, -1)
+        self.sample = torch.tensor([args.chunk - 1], dtype=torch.int64, device=device)
+        self.batch = None
+
+    def warm_up(self) -> None:
+        return None
+
+    def pool_work(self):
+        """Give the last chunk back, allocate this step's; its batch."""
+        import torch
+        from unikv.sim.real.batch import StepBatch, device_tables
+
+        pool = self.pool
+        if self.chunk_pages:
+            pool.free_pages(self.chunk_pages)
+        got = pool.alloc(self.chunk)
+        if got is None:
+            raise MemoryError("the layout cannot hold the chunk")
+        self.chunk_ids = np.asarray(got, dtype=np.int64)
+        self.chunk_pages = page_list(self.chunk_ids)
+        rows = np.array([self.pages + self.chunk_pages], dtype=np.int64)
+        up = [torch.from_numpy(a).to(self.device, non_blocking=True) for a in (rows, self.chunk_ids)]
+        self.batch = StepBatch(layout="packed",
+                               input_ids=torch.randint(0, self.vocab, (1, self.chunk), device=self.device),
+                               position_ids=self.positions, cu_q=self.cu_q, seq_lens=self.seq_lens,
+                               sample_rows=self.sample, samplers=(), requests=(0,),
+                               **device_tables(up[0], up[1], self.views.page_tables(), PS))
+        return self.batch
+
+    def writes(self) -> np.ndarray:
+        return self.chunk_ids
+
+    def forward(self, batch):
+        """The eager packed forward (`RealExecutor._forward`'s path); the greedy pick."""
+        from unikv.sim.real.attention import StepContext, use_step
+
+        ctx = StepContext(views=self.views, block_tables=dict(batch.block_tables), cu_q=batch.cu_q,
+                          seq_lens=batch.seq_lens, write_slots=dict(batch.write_slots), layout="packed")
+        with use_step(ctx):
+            out = self.lm(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                          logits_to_keep=batch.sample_rows, use_cache=False)
+        return out.logits[0].argmax(-1)
+
+    def tables_equal(self) -> bool:
+        import torch
+
+        v, pages = self.views, [self.pages + self.chunk_pages]
+        return all(torch.equal(v.translate_pages(self.batch.page_rows, b), v.block_table(pages, b))
+                   for b in v.bands)
+
+
+CASES = {"decode": DecodeCase, "prefill": PrefillCase}
+
+
+# -- one case in one mode --
+
+DEVICE, DTYPE = "cuda", "bf16"  # --smoke: "cpu", "fp32"
+
+
+def budget_bytes(kind: str, spec, args) -> int:
+    """The pool's bytes: the case's KV, the residents (two more in flight), 30 % room."""
+    kv = decode_bench().kv_bytes_per_request
+    if kind == "decode":
+        need = args.batch * (kv(spec, args.context + args.steps + 2 * PS) + 2 * PS * spec.full_token_bytes)
+    else:
+        need = kv(spec, args.prefix + args.chunk)
+    need += (args.residents + 2) * kv(spec, args.resident_tokens)
+    return int(need * 1.3) + ((1 << 30) if DEVICE == "cuda" else (1 << 20))
+
+
+def run_mode(kind: str, mode: Mode, lm, spec, placed, args, trace: Path | None) -> dict:
+    """`args.warm + args.steps` measured-or-warm steps of case `kind` in
+    `mode`, then one profiled step (its trace to `trace`, gzipped)."""
+    import torch
+    from unikv.sim.layouts import build_layout
+    from unikv.sim.real.layers import check_layout
+
+    from unikv import UnifiedPool
+    from unikv.backends import CudaBackend
+    from unikv.tensors import KVViews
+
+    streams = Streams(mode, DEVICE == "cuda", args.forward_priority)
+    plan = build_layout(spec, kv_budget_gib=budget_bytes(kind, spec, args) / 2**30, page_size=PS, kind="end_end")
+    backend = CudaBackend(DEVICE, stream=streams.pool_stream, move_programs=mode.programs)
+    pool = UnifiedPool(plan.layout, backend, compaction="lazy", ids="numpy", move_cap=args.move_cap)
+    check_layout(placed, pool.layout)
+    views = KVViews(pool, placed.kv)
+    window = spec.window_tokens if "swa" in pool.bands else None
+    with torch.inference_mode():
+        with streams.on(streams.pool_stream):
+            case = CASES[kind](lm, pool, views, spec, args, DEVICE)
+            residents = Residents(pool, window, args.residents, args.resident_tokens)
+            pool.commit()
+        with streams.on(streams.fwd):
+            case.warm_up()  # graph capture, outside the measured steps
+        sync()
+        prev, records = None, []
+        for _ in range(args.warm + args.steps):
+            rec, prev = one_step(case, pool, residents, streams, mode, prev)
+            records.append(rec)
+        prof = profiler() if trace is not None else contextlib.nullcontext()
+        with prof:
+            rec, prev = one_step(case, pool, residents, streams, mode, prev)
+        with streams.on(streams.pool_stream):
+            views.page_tables()  # the last flush's remaps committed
+        sync()
+        equal = case.tables_equal()
+    out = summarize(records[args.warm:])
+    out.update(status="ok", tables_equal=equal, page_bytes=json.dumps(
+        {b: pool.layout.geometry(b).page_bytes for b in pool.bands}), trace_step_moves=rec["moves"],
+               trace_step_moved_mb=rec["moved_bytes"] / 1e6)
+    if trace is not None:
+        out.update(save_trace(prof, trace))
+    del case, residents, views, pool
+    return out
+
+
+def one_step(case, pool, residents: Residents, streams: Streams, mode: Mode, prev):
+    """One step: the pool's work, the forward, the flush (see the module
+    docstring for the three orderings); returns its record and done event."""
+    import torch
+
+    moved0 = pool.stats()["moved_bytes"]
+    sync()
+    t0 = time.perf_counter()
+    with streams.on(streams.pool_stream):
+        if streams.side is not None and prev is not None:
+            streams.side.wait_event(prev)  # ordering 1: the last forward read what this work frees and remaps
+        batch = case.pool_work()
+        if mode.churn:
+            residents.turn()
+        pool.commit()
+    with streams.on(streams.fwd):
+        if streams.side is not None:
+            streams.fwd.wait_stream(streams.side)  # ordering 2: tables, uploads and moved pages are ready
+        start = mark(streams.fwd)
+        with torch.profiler.record_function(FORWARD_RANGE):
+            case.forward(batch)
+        stop = mark(streams.fwd)
+        done = torch.cuda.Event() if streams.fwd is not None else pool.backend.new_event("forward")
+        if streams.fwd is not None:
+            done.record(streams.fwd)
+    moves = 0
+    if mode.churn:  # mode none: no flush either
+        with streams.on(streams.pool_stream):  # ordering 3: the moves wait for nothing
+            pool.set_inflight_forward(done, case.writes())
+            moves = pool.flush(urgent=False)
+    sync()
+    step_s = time.perf_counter() - t0
+    forward_s = start.elapsed_time(stop) / 1e3 if streams.fwd is not None else stop - start
+    return {"step_s": step_s, "forward_s": forward_s, "moves": moves,
+            "moved_bytes": pool.stats()["moved_bytes"] - moved0}, done
+
+
+def mark(stream):
+    """A timing point: a CUDA event recorded on `stream`, or the host clock."""
+    if stream is None:
+        return time.perf_counter()
+    import torch
+
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(stream)
+    return event
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def summarize(records: list[dict]) -> dict:
+    """Medians over the measured steps, and over those that moved pages."""
+    ms = lambda key, rs: 1e3 * statistics.median(r[key] for r in rs) if rs else None  # noqa: E731
+    moving = [r for r in records if r["moves"]]
+    return {"steps": len(records), "steps_moving": len(moving),
+            "step_ms": ms("step_s", records), "step_ms_moving": ms("step_s", moving),
+            "forward_ms": ms("forward_s", records), "forward_ms_moving": ms("forward_s", moving),
+            "moves_per_moving_step": statistics.mean(r["moves"] for r in moving) if moving else 0,
+            "moved_mb_per_moving_step": statistics.mean(r["moved_bytes"] for r in moving) / 1e6 if moving else 0.0}
+
+
+# -- the trace of one step --
+
+
+def profiler():
+    import torch
+
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if DEVICE == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=acts)
+
+
+def save_trace(prof, path: Path) -> dict:
+    """Write `prof`'s Chrome trace to `path` (gzipped); its kernel summary."""
+    raw = path.with_suffix("")  # x.json.gz -> x.json
+    prof.export_chrome_trace(str(raw))
+    data = raw.read_bytes()
+    raw.unlink()
+    path.write_bytes(gzip.compress(data))
+    return trace_summary(json.loads(data).get("traceEvents", []))
+
+
+def trace_summary(events: list[dict]) -> dict:
+    """The forward's kernels (launched inside its `FORWARD_RANGE`: matched by
+    the launch's correlation id, so a graph's kernels count too) and the move
+    kernels of one step: counts, summed time, the forward's span, and the
+    move time that ran while a forward kernel ran. Empty on a CPU trace."""
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    if not kernels:
+        return {}
+    ranges = [(e["ts"], e["ts"] + e["dur"]) for e in events
+              if e.get("cat") == "user_annotation" and e.get("name") == FORWARD_RANGE]
+    launched = {e["args"]["correlation"] for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+                and any(a <= e["ts"] <= b for a, b in ranges)}
+    moves = [e for e in kernels if MOVE_KERNEL in e["name"]]
+    forward = [e for e in kernels if e.get("args", {}).get("correlation") in launched and e not in moves]
+    busy = merged([(e["ts"], e["ts"] + e["dur"]) for e in forward])
+    beside = sum(max(0.0, min(m["ts"] + m["dur"], hi) - max(m["ts"], lo)) for m in moves for lo, hi in busy)
+    return {"move_kernels": len(moves), "move_us": sum(e["dur"] for e in moves),
+            "move_beside_forward_us": beside, "move_grids": json.dumps(sorted({str(e["args"].get("grid"))
+                                                                                for e in moves})),
+            "forward_kernels": len(forward), "forward_kernel_us": sum(e["dur"] for e in forward),
+            "forward_span_us": (max(e["ts"] + e["dur"] for e in forward) - min(e["ts"] for e in forward)
+                                if forward else None)}
+
+
+def merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of intervals, as sorted disjoint intervals."""
+    out: list[tuple[float, float]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def moves_alone(modes: list[Mode], megabytes: int, repeats: int = 5) -> list[dict]:
+    """Each move-kernel grid of `modes` alone on an idle device: a disjoint
+    move of `megabytes` MB in 1 MiB pages (CPU: 8 pages of 4 KiB), median of
+    `repeats` after one that compiles; the times to set the moves' times
+    beside the forward against."""
+    import torch
+
+    try:
+        from unikv.kernels.move import kernel as move
+    except ImportError:
+        print("alone: no Triton, no move kernel to time")
+        return []
+    page = 1 << 20 if DEVICE == "cuda" else 4096
+    n = max(1, megabytes * 10**6 // page) if DEVICE == "cuda" else 8
+    buf = torch.zeros(2 * n * page, dtype=torch.uint8, device=DEVICE)
+    src = torch.arange(n, device=DEVICE)
+    rows = []
+    for programs in sorted({m.programs for m in modes if m.churn}, key=lambda p: p or 0):
+        copy = functools.partial(move.move_pages, buf, page, src, src + n, disjoint=True, max_programs=programs)
+        times = [timed_us(copy) for _ in range(repeats + 1)]
+        us = statistics.median(times[1:])
+        rows.append({"case": "alone", "mode": "full-grid" if programs is None else f"p{programs}",
+                     "move_programs": programs, "status": "ok", "moved_mb_per_moving_step": n * page / 1e6,
+                     "move_us": us, "move_gb_per_s": 2 * n * page / us / 1e3})
+    return rows
+
+
+def timed_us(fn) -> float:
+    """Microseconds `fn()` takes: CUDA events on the device, else the host clock."""
+    import torch
+
+    if DEVICE != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) * 1e3
+
+
+def against_none(rows: list[dict]) -> None:
+    """Each row's cost against its case's mode-none row, in place."""
+    base = {r["case"]: r for r in rows if r.get("mode") == "none" and r.get("status") == "ok"}
+    for r in rows:
+        b = base.get(r["case"])
+        if b is None or r.get("status") != "ok":
+            continue
+        if r.get("step_ms_moving") is not None:
+            r["step_added_ms"] = r["step_ms_moving"] - b["step_ms"]
+            r["forward_added_ms"] = r["forward_ms_moving"] - b["forward_ms"]
+        for key in ("forward_kernel_us", "forward_span_us"):
+            if r.get(key) is not None and b.get(key) is not None:
+                r[key.replace("_us", "_growth_us")] = r[key] - b[key]
+
+
+# -- command line --
+
+SMOKE = dict(batch=2, context=64, prefix=64, chunk=32, residents=2, resident_tokens=64, move_cap=4, steps=2,
+             warm=1, modes=["none", "same", "side-p2"])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, type=Path, help="folder for move_overlap.csv, config.json, traces/")
+    ap.add_argument("--model", default="gemma-3-12b", help="a model of bench_real_decode.CONFIGS")
+    ap.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    ap.add_argument("--modes", nargs="*", default=list(MODES), help="none, same, side, side-pN")
+    ap.add_argument("--batch", type=int, default=64, help="decode: requests")
+    ap.add_argument("--context", type=int, default=8192, help="decode: tokens per request")
+    ap.add_argument("--prefix", type=int, default=8192, help="prefill: cached prefix tokens")
+    ap.add_argument("--chunk", type=int, default=4096, help="prefill: tokens prefilled per step")
+    ap.add_argument("--residents", type=int, default=2, help="churn: residents no forward reads")
+    ap.add_argument("--resident-tokens", type=int, default=8192, help="churn: tokens per resident")
+    ap.add_argument("--move-cap", type=int, default=512, help="most pages one flush moves per band")
+    ap.add_argument("--steps", type=int, default=6, help="measured steps per mode (then one traced)")
+    ap.add_argument("--warm", type=int, default=2, help="unmeasured steps first")
+    ap.add_argument("--alone-mb", type=int, default=900,
+                    help="then each mode's move grid alone on an idle GPU, this many MB (0: skip)")
+    ap.add_argument("--forward-priority", type=int, default=-1,
+                    help="the forward stream's priority (lower = higher; the side stream has 0)")
+    ap.add_argument("--smoke", type=Path, default=None, metavar="CONFIG",
+                    help="check the script on the CPU: fp32, this (small) config, tiny sizes")
+    args = ap.parse_args(argv)
+    import torch
+
+    brd = decode_bench()
+    global DEVICE, DTYPE
+    if args.smoke is not None:
+        DEVICE, DTYPE = "cpu", "fp32"
+        for key, value in SMOKE.items():
+            if getattr(args, key) == ap.get_default(key):
+                setattr(args, key, value)
+        brd.CONFIGS["smoke"] = args.smoke.resolve()
+        args.model = "smoke"
+        print("smoke: CPU, fp32; no CUDA streams on a CPU: every mode runs on one stream, as 'same'")
+    elif not torch.cuda.is_available():
+        print("error: bench_move_overlap needs a CUDA device (or --smoke CONFIG)", file=sys.stderr)
+        return 2
+    try:
+        modes = [parse_mode(m) for m in args.modes]
+        check_sizes(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.model not in brd.CONFIGS:
+        print(f"error: --model {args.model!r} is not one of {sorted(brd.CONFIGS)}", file=sys.stderr)
+        return 2
+    rows = run_all(args, modes, brd)
+    against_none(rows)
+    brd.write_rows(rows, args.out / "move_overlap.csv")
+    print_table(rows)
+    return 0 if all(r.get("status") == "ok" for r in rows) else 1
+
+
+def check_sizes(args) -> None:
+    """ValueError naming the first size that is not a positive multiple of the page size."""
+    for key in ("context", "prefix", "chunk", "resident_tokens"):
+        v = getattr(args, key)
+        if v <= 0 or v % PS:
+            raise ValueError(f"--{key.replace('_', '-')}={v} must be a positive multiple of {PS}")
+    for key in ("batch", "residents", "move_cap", "steps"):
+        if getattr(args, key) <= 0:
+            raise ValueError(f"--{key.replace('_', '-')}={getattr(args, key)} must be positive")
+    for key in ("warm", "alone_mb"):
+        if getattr(args, key) < 0:
+            raise ValueError(f"--{key.replace('_', '-')}={getattr(args, key)} must be >= 0")
+
+
+def run_all(args, modes: list[Mode], brd) -> list[dict]:
+    """Build the model once; every case in every mode; the rows."""
+    import torch
+    from unikv.sim.models import load_model
+    from unikv.sim.real import attention, layers
+    from unikv.sim.real.model import build_model, torch_dtype
+
+    path = brd.CONFIGS[args.model]
+    spec = load_model(str(path), kv_cache_dtype=DTYPE)
+    lm = build_model(path, dtype=DTYPE, device=DEVICE, seed=0)
+    lm.set_attn_implementation(attention.register(mask=False))
+    placed = layers.model_layers(lm.config, torch_dtype(DTYPE))
+    (args.out / "traces").mkdir(parents=True, exist_ok=True)
+    write_config(args, path)
+    rows = []
+    for kind in args.cases:
+        for mode in modes:
+            row = {"case": kind, "mode": mode.name, "model": args.model, "move_programs": mode.programs,
+                   "shape": f"{args.batch}x{args.context}" if kind == "decode" else f"{args.chunk}+{args.prefix}"}
+            trace = args.out / "traces" / f"{kind}_{mode.name}.json.gz"
+            try:
+                row.update(run_mode(kind, mode, lm, spec, placed, args, trace))
+            except Exception as exc:  # one mode's failure is reported; the others go on
+                row["status"] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            gc.collect()
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+            rows.append(row)
+            print(row, flush=True)
+    if args.alone_mb:
+        for row in moves_alone(modes, args.alone_mb):
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
+def write_config(args, model_path: Path) -> None:
+    """The run's settings and versions, beside its rows."""
+    from importlib import metadata
+
+    import torch
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    cfg.update(device=DEVICE, dtype=DTYPE, model_config=str(model_path),
+               versions={n: version(n) for n in ("torch", "triton", "transformers", "unikv")},
+               gpu=torch.cuda.get_device_name() if DEVICE == "cuda" else None)
+    (args.out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def print_table(rows: list[dict]) -> None:
+    """The rows that matter, one line per case and mode."""
+    cols = ("case", "mode", "step_ms", "step_ms_moving", "step_added_ms", "forward_added_ms",
+            "moved_mb_per_moving_step", "move_us", "move_gb_per_s", "move_beside_forward_us", "forward_kernel_growth_us",
+            "forward_span_growth_us", "tables_equal", "status")
+    print(" | ".join(cols))
+    for r in rows:
+        cells = [r.get(c) for c in cols]
+        print(" | ".join(f"{c:.3f}" if isinstance(c, float) else str(c) for c in cells))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""benchmarks/bench_move_overlap.py: its CPU smoke path, its trace reading,
+its mode names and its refusals."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    # Must precede the first import of Triton: the moves then run the Triton kernel, interpreted.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("transformers")
+
+FOLDER = Path(__file__).resolve().parents[3] / "benchmarks"
+TINY_GEMMA3 = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 64,
+               "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 16, "sliding_window": 32, "sliding_window_pattern": 2, "query_pre_attn_scalar": 16,
+               "vocab_size": 256, "max_position_embeddings": 1024, "rms_norm_eps": 1e-06}
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """The script as a module (its dataclasses look their module up in sys.modules)."""
+    spec = importlib.util.spec_from_file_location("bench_move_overlap", FOLDER / "bench_move_overlap.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_move_overlap", module)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "DEVICE", module.DEVICE)  # main() rebinds the globals: undone after the test
+    monkeypatch.setattr(module, "DTYPE", module.DTYPE)
+    return module
+
+
+@pytest.fixture
+def tiny_config(tmp_path) -> Path:
+    path = tmp_path / "gemma3" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(TINY_GEMMA3))
+    return path
+
+
+def test_smoke_writes_rows_traces_and_config(bench, tiny_config, tmp_path, capsys, one_thread):
+    out = tmp_path / "out"
+    assert bench.main(["--smoke", str(tiny_config), "--out", str(out)]) == 0
+    assert "no CUDA streams on a CPU" in capsys.readouterr().out
+    rows = list(csv.DictReader((out / "move_overlap.csv").open()))
+    assert [(r["case"], r["mode"]) for r in rows] == [(c, m) for c in ("decode", "prefill")
+                                                      for m in ("none", "same", "side-p2")] + [
+        ("alone", "full-grid"), ("alone", "p2")]
+    alone = rows[-2:]
+    assert [r["move_programs"] for r in alone] == ["", "2"] and all(float(r["move_us"]) > 0 for r in alone)
+    for r in rows[:-2]:
+        assert r["status"] == "ok" and r["tables_equal"] == "True", r
+        assert int(r["steps"]) == 2
+        if r["mode"] == "none":
+            assert r["steps_moving"] == "0" and float(r["moved_mb_per_moving_step"]) == 0
+        else:  # the churn moves pages every step, the traced one too
+            assert r["steps_moving"] == "2" and float(r["moved_mb_per_moving_step"]) > 0
+            assert int(r["trace_step_moves"]) > 0
+            base = next(b for b in rows if b["case"] == r["case"] and b["mode"] == "none")
+            assert float(r["step_added_ms"]) == pytest.approx(float(r["step_ms_moving"]) - float(base["step_ms"]))
+        events = json.loads(gzip.decompress((out / "traces" / f"{r['case']}_{r['mode']}.json.gz").read_bytes()))
+        assert any(e.get("name") == bench.FORWARD_RANGE for e in events["traceEvents"])
+    config = json.loads((out / "config.json").read_text())
+    assert config["device"] == "cpu" and config["modes"] == ["none", "same", "side-p2"]
+
+
+def test_bounded_mode_bounds_every_move_launch(bench, tiny_config, tmp_path, monkeypatch, one_thread):
+    """side-p2 on the CPU: the pool's moves reach the Triton launcher with max_programs=2."""
+    from unikv.kernels.launch import interpreted
+
+    move = pytest.importorskip("unikv.kernels.move.kernel")
+    if not interpreted(move._copy_rows_kernel):
+        pytest.skip("Triton was imported before TRITON_INTERPRET=1: the moves run the torch reference")
+    seen = []
+    real = move.copy_rows
+    monkeypatch.setattr(move, "copy_rows", lambda *a, **kw: seen.append(kw.get("max_programs")) or real(*a, **kw))
+    argv = ["--smoke", str(tiny_config), "--out", str(tmp_path), "--cases", "decode", "--modes", "side-p2"]
+    assert bench.main(argv) == 0
+    assert seen and set(seen) == {2}
+
+
+def test_trace_summary_counts_forward_kernels_by_launch_and_overlap(bench):
+    """Forward kernels are those launched inside the forward's range (a graph's
+    kernels share its launch's correlation); the move's overlap with them is
+    measured against their union."""
+    fwd = {"cat": "user_annotation", "ph": "X", "name": bench.FORWARD_RANGE, "ts": 100.0, "dur": 50.0}
+    launches = [{"cat": "cuda_runtime", "ph": "X", "name": "cudaGraphLaunch", "ts": 110.0, "dur": 5.0,
+                 "args": {"correlation": 1}},
+                {"cat": "cuda_runtime", "ph": "X", "name": "cudaLaunchKernel", "ts": 160.0, "dur": 5.0,
+                 "args": {"correlation": 2}}]
+
+    def kernel(name, ts, dur, corr):
+        return {"cat": "kernel", "ph": "X", "name": name, "ts": ts, "dur": dur,
+                "args": {"correlation": corr, "grid": [4, 1, 1]}}
+
+    events = [fwd, *launches, kernel("gemm", 200, 10, 1), kernel("norm", 212, 8, 1), kernel("gemm", 215, 10, 1),
+              kernel("_copy_rows_kernel", 205, 20, 2), kernel("index_put", 300, 5, 2)]
+    got = bench.trace_summary(events)
+    assert got["forward_kernels"] == 3 and got["forward_kernel_us"] == 28
+    assert got["forward_span_us"] == 25  # 200 .. 225
+    assert got["move_kernels"] == 1 and got["move_us"] == 20
+    assert got["move_beside_forward_us"] == pytest.approx(5 + 13)  # 205-210, then 212-225 (the union)
+    assert json.loads(got["move_grids"]) == ["[4, 1, 1]"]
+    assert bench.trace_summary([fwd]) == {}  # a CPU trace: no kernels
+
+
+def test_modes_parse_and_bad_ones_are_refused(bench, tiny_config, tmp_path, capsys):
+    assert bench.parse_mode("side-p16") == bench.Mode("side-p16", side=True, churn=True, programs=16)
+    assert bench.parse_mode("none").churn is False and bench.parse_mode("same").side is False
+    for bad in ("side-p0", "side-p", "sidep4", "fast"):
+        with pytest.raises(ValueError, match=f"--modes: '{bad}' is not none, same, side or side-pN"):
+            bench.parse_mode(bad)
+    assert bench.main(["--smoke", str(tiny_config), "--out", str(tmp_path), "--modes", "side-p0"]) == 2
+    assert "side-p0" in capsys.readouterr().err
+    assert bench.main(["--smoke", str(tiny_config), "--out", str(tmp_path), "--chunk", "20"]) == 2
+    assert "--chunk=20 must be a positive multiple of 16" in capsys.readouterr().err
+    assert not (tmp_path / "move_overlap.csv").exists()
+
+
+def test_refuses_without_cuda(bench, tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the benchmark runs")
+    assert bench.main(["--out", str(tmp_path)]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
