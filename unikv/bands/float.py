@@ -20,8 +20,6 @@ from unikv.extent import Extent, Kind, Relocation, absorb_plan, float_gaps, floa
 from unikv.hazards import Tracked
 from unikv.layout import Side
 
-FEW_HOLES = 64  # hole lists up to this long are scanned as Python ints (`plan_absorb`)
-
 
 class FloatBand(BandAllocator):
     """Span `[low, high)` of pages with interior holes."""
@@ -101,12 +99,11 @@ class FloatBand(BandAllocator):
         if memo is not None and memo[0] is h and memo[1] == (self.low, self.high):
             return memo[2]  # asked again before anything changed (the policy, then the flush)
         plan = None
-        if len(h) <= FEW_HOLES:  # a short list: one read into Python beats two numpy passes
-            values = h.tolist()
-            boundary = self.low in values or self.high - 1 in values
-        else:
-            boundary = bool((h == self.low).any() or (h == self.high - 1).any())
-        if boundary:  # a boundary hole
+        # A page of the span is a hole exactly when no virtual page binds it
+        # (the span holds live pages and holes only: `violations`), so the
+        # two boundary pages are read from p2v instead of searching the list.
+        p2v = self.p2v
+        if p2v[self.low] < 0 or p2v[self.high - 1] < 0:  # a boundary hole
             plan = absorb_plan(self.low, self.high, h)
             if (plan.low, plan.high) == (self.low, self.high):
                 plan = None
