@@ -98,14 +98,18 @@ def unikv_step(e: dict, step: int, finish_every: int) -> None:
     clock.lap("finish")
     seq = lens[rows] + 1
     last = table[rows, seq - 2]
-    clock.lap("decode_args")  # the engine's own bookkeeping: seq_lens and last_loc
+    if ALLOC == "pages":  # the engine knows which requests open a page (vLLM's block tables)
+        opens = ((seq - 1) & (PS - 1)) == 0
+        n_open = int(np.count_nonzero(opens))
+    clock.lap("decode_args")  # the engine's own bookkeeping: seq_lens and last_loc (pages: who opens one)
     if ALLOC == "tokens":  # SGLang's contract: the pool checks last_loc and places every token
         new = pool.alloc_decode(seq, last).numpy()
-    else:  # the engine knows which requests open a page (vLLM's block tables): fresh pages only
-        opens = ((seq - 1) & (PS - 1)) == 0
-        new = last + 1
-        new[opens] = pool.take_pages(int(np.count_nonzero(opens))).numpy() * PS
+    else:  # fresh pages only
+        fresh = pool.take_pages(n_open)
     clock.lap("alloc_decode")
+    if ALLOC == "pages":  # the engine places the new tokens
+        new = last + 1
+        new[opens] = fresh.numpy() * PS
     table[rows, seq - 1] = new
     lens[rows] = seq
     ends = np.maximum(0, seq - WINDOW) // PS * PS
@@ -118,12 +122,14 @@ def unikv_step(e: dict, step: int, finish_every: int) -> None:
         else:
             reps = np.concatenate([table[i, a:b:PS] for i, a, b in zip(r, start, end)])
         e["released"][r] = end
+        if ALLOC == "pages":
+            reps = (reps // PS).tolist()  # the engine's page ids
     clock.lap("engine")  # the engine's own bookkeeping: which pages left the window
     if reps is not None:
         if ALLOC == "tokens":
             pool.release(reps, band="swa")
         else:
-            pool.release_pages((reps // PS).tolist(), "swa")
+            pool.release_pages(reps, "swa")
     clock.lap("release")
     pool.flush()
     clock.lap("flush")
