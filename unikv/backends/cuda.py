@@ -43,6 +43,14 @@ def _kernel_ops() -> SimpleNamespace:
     return SimpleNamespace(triton=True, translate=translate_kernel.translate, move_pages=move_kernel.move_pages)
 
 
+def _put(table: torch.Tensor, i: torch.Tensor, v: torch.Tensor) -> None:
+    """`table[i] = v` on the device (see `CudaBackend.scatter`)."""
+    if torch.are_deterministic_algorithms_enabled():
+        table.index_put_((i,), v)
+    else:
+        table.put_(i, v)
+
+
 class DoneEvent:
     """The event of a CPU-device backend: work is done when it is issued."""
 
@@ -149,16 +157,18 @@ class CudaBackend:
         and one torch `put_` (flat indices; on a CPU device a third of the
         host time of `index_put_`, which sets up advanced indexing; a
         Triton launch of the same scatter cost ~25 us of host time on the
-        H200). Repeated indices carry equal values (the commit reads them
-        from the host arena), so their order does not matter."""
+        H200). Under `torch.use_deterministic_algorithms`, which refuses
+        `put_`, an `index_put_`. Repeated indices carry equal values (the
+        commit reads them from the host arena), so their order does not
+        matter."""
         if len(idx) == 0:
             return
         i, v = self._upload(idx, values)
         if self.stream is None:
-            table.put_(i, v)
+            _put(table, i, v)
             return
         with torch.cuda.stream(self.stream):
-            table.put_(i, v)
+            _put(table, i, v)
 
     # -- events --
 
