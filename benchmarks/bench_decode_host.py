@@ -162,10 +162,12 @@ class Phases:
         self.t = now
 
 
-# Torch calls that read an attribute or wrap host memory: no dispatch, no
-# launch, no copy (well under a microsecond each), left out of `torch_ops`.
+# Torch calls that read an attribute or a flag or wrap host memory: no
+# dispatch, no launch, no copy (well under a microsecond each), left out of
+# `torch_ops`.
 LIGHT = frozenset({"dim", "is_contiguous", "get_device", "numel", "size", "stride", "data_ptr",
-                   "element_size", "storage_offset", "numpy", "from_numpy"})
+                   "element_size", "storage_offset", "numpy", "from_numpy",
+                   "are_deterministic_algorithms_enabled"})
 
 
 class TorchCalls:
