@@ -13,7 +13,14 @@ its ids on the device.
 Host microseconds are wall time around the step (no explicit synchronize:
 the syncs inside the step are what costs). Syncs are counted in a separate
 pass under `torch.cuda.set_sync_debug_mode("warn")`, and each is attributed
-to the innermost line of this repository that issued it.
+to the innermost line of this repository that issued it. Torch calls are
+counted in another pass (any device, `TorchCalls`): every call from Python
+into torch's C functions and tensor methods, per phase; `torch_ops` leave
+out the light ones (`LIGHT`: attribute reads and host wrapping, no dispatch).
+On a CUDA device each op costs several microseconds of host time (a launch
+or an upload), so the allocator's host time there is about its Python time
+plus its ops times that cost. On a CPU device an upload of a fresh host
+array is no call (the backend aliases it) where CUDA makes one `to`.
 
     PYTHONPATH=. python benchmarks/bench_decode_host.py --out results/kernels/decode_host.csv
 """
@@ -91,14 +98,18 @@ def unikv_step(e: dict, step: int, finish_every: int) -> None:
     clock.lap("finish")
     seq = lens[rows] + 1
     last = table[rows, seq - 2]
-    clock.lap("decode_args")  # the engine's own bookkeeping: seq_lens and last_loc
+    if ALLOC == "pages":  # the engine knows which requests open a page (vLLM's block tables)
+        opens = ((seq - 1) & (PS - 1)) == 0
+        n_open = int(np.count_nonzero(opens))
+    clock.lap("decode_args")  # the engine's own bookkeeping: seq_lens and last_loc (pages: who opens one)
     if ALLOC == "tokens":  # SGLang's contract: the pool checks last_loc and places every token
         new = pool.alloc_decode(seq, last).numpy()
-    else:  # the engine knows which requests open a page (vLLM's block tables): fresh pages only
-        opens = ((seq - 1) & (PS - 1)) == 0
-        new = last + 1
-        new[opens] = pool.take_pages(int(np.count_nonzero(opens))).numpy() * PS
+    else:  # fresh pages only
+        fresh = pool.take_pages(n_open)
     clock.lap("alloc_decode")
+    if ALLOC == "pages":  # the engine places the new tokens
+        new = last + 1
+        new[opens] = fresh.numpy() * PS
     table[rows, seq - 1] = new
     lens[rows] = seq
     ends = np.maximum(0, seq - WINDOW) // PS * PS
@@ -111,12 +122,14 @@ def unikv_step(e: dict, step: int, finish_every: int) -> None:
         else:
             reps = np.concatenate([table[i, a:b:PS] for i, a, b in zip(r, start, end)])
         e["released"][r] = end
+        if ALLOC == "pages":
+            reps = (reps // PS).tolist()  # the engine's page ids
     clock.lap("engine")  # the engine's own bookkeeping: which pages left the window
     if reps is not None:
         if ALLOC == "tokens":
             pool.release(reps, band="swa")
         else:
-            pool.release_pages((reps // PS).tolist(), "swa")
+            pool.release_pages(reps, "swa")
     clock.lap("release")
     pool.flush()
     clock.lap("flush")
@@ -133,16 +146,69 @@ def unikv_step(e: dict, step: int, finish_every: int) -> None:
 
 
 class Phases:
-    """Host time of each phase of one step, appended to `e["phases"]`."""
+    """Host time of each phase of one step, appended to `e["phases"]`; while
+    a `TorchCalls` counts (`e["torch_calls"]`), the phase's calls go to it."""
 
     def __init__(self, e: dict) -> None:
         self.out = e.setdefault("phases", collections.defaultdict(list))
+        self.calls = e.get("torch_calls")
         self.t = time.perf_counter()
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
         self.out[name].append((now - self.t) * 1e6)
+        if self.calls is not None:
+            self.calls.close_phase(name)
         self.t = now
+
+
+# Torch calls that read an attribute or a flag or wrap host memory: no
+# dispatch, no launch, no copy (well under a microsecond each), left out of
+# `torch_ops`.
+LIGHT = frozenset({"dim", "is_contiguous", "get_device", "numel", "size", "stride", "data_ptr",
+                   "element_size", "storage_offset", "numpy", "from_numpy",
+                   "_get_deterministic_algorithms"})
+
+
+class TorchCalls:
+    """Calls from Python into torch's C functions and tensor methods, by
+    phase and by name, counted through `sys.setprofile` while `active`."""
+
+    def __init__(self) -> None:
+        self.by_phase: collections.Counter = collections.Counter()  # (phase, name) -> calls
+        self.open: collections.Counter = collections.Counter()  # name -> calls since the last lap
+
+    @staticmethod
+    def name_of(fn) -> str | None:
+        """`Tensor.<method>` or `<module>.<function>` for a torch C callable, else None."""
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, torch.Tensor):
+            return f"Tensor.{fn.__name__}"
+        module = getattr(fn, "__module__", None) or ""
+        if module.startswith("torch"):
+            return f"{module}.{fn.__name__}"
+        if owner is not None and type(owner).__module__.startswith("torch"):
+            return f"{type(owner).__name__}.{fn.__name__}"
+        return None
+
+    def hook(self, frame, event, arg) -> None:
+        if event == "c_call":
+            name = self.name_of(arg)
+            if name is not None:
+                self.open[name] += 1
+
+    def close_phase(self, phase: str) -> None:
+        for name, n in self.open.items():
+            self.by_phase[phase, name] += n
+        self.open.clear()
+
+    def per_phase(self, steps: int, ops: bool) -> dict[str, float]:
+        """Calls per step of each phase (`ops`: only those not in `LIGHT`)."""
+        out: collections.Counter = collections.Counter()
+        for (phase, name), n in self.by_phase.items():
+            if not ops or name.rsplit(".", 1)[-1] not in LIGHT:
+                out[phase] += n
+        return {k: v / steps for k, v in out.items()}
 
 
 def upload(values: list[int], device: torch.device) -> torch.Tensor:
@@ -321,6 +387,19 @@ def count_syncs(step, e, steps: int, finish_every: int, first: int) -> collectio
     return sites
 
 
+def count_torch_calls(step, e, steps: int, finish_every: int, first: int) -> TorchCalls:
+    """Torch calls of `steps` steps, by phase (`TorchCalls`)."""
+    calls = e["torch_calls"] = TorchCalls()
+    sys.setprofile(calls.hook)
+    try:
+        for i in range(steps):
+            step(e, first + i, finish_every)
+    finally:
+        sys.setprofile(None)
+        del e["torch_calls"]
+    return calls
+
+
 def run(batch: int, engine: str, args) -> tuple[dict, list[dict]]:
     build, step = ENGINES[engine]
     e = build(batch, args.device)
@@ -329,10 +408,14 @@ def run(batch: int, engine: str, args) -> tuple[dict, list[dict]]:
     sync()
     us = time_steps(step, e, args.steps, args.finish_every, args.warmup)
     sync()
+    phases = {k: v[-args.steps:] for k, v in e.get("phases", {}).items()}
     sites = collections.Counter()
     if args.device == "cuda":
         sites = count_syncs(step, e, args.sync_steps, args.finish_every, args.warmup + args.steps)
-    phases = {k: v[-args.steps:] for k, v in e.get("phases", {}).items()}
+    calls = count_torch_calls(step, e, args.sync_steps, args.finish_every,
+                              args.warmup + args.steps + (args.sync_steps if args.device == "cuda" else 0))
+    n_calls, n_ops = calls.per_phase(args.sync_steps, ops=False), calls.per_phase(args.sync_steps, ops=True)
+    mine = ALLOCATOR_PHASES if "pool" in e else ()
     core = [a + r for a, r in zip(phases.get("alloc_decode", []), phases.get("release", []))]
     work = [sum(x) for x in zip(*(phases.get(k, []) for k in ALLOCATOR_PHASES))] if "pool" in e else []
     total = sum(sites.values())
@@ -345,10 +428,20 @@ def run(batch: int, engine: str, args) -> tuple[dict, list[dict]]:
                "syncs_per_step": round(total / args.sync_steps, 2), "finish_every": args.finish_every,
                "alloc_decode_release_us_median": round(statistics.median(core), 1) if core else None,
                "allocator_us_median": round(statistics.median(work), 1) if work else None,
+               # a shared host's quieter steps (its median moves with the load)
+               "allocator_us_p10": round(sorted(work)[len(work) // 10], 1) if work else None,
                "slots": SLOTS if "pool" in e else None, "alloc": ALLOC if "pool" in e else None,
-               **{f"{k}_us_median": round(statistics.median(v), 1) for k, v in sorted(phases.items())}}
+               "torch_calls_per_step": round(sum(n_calls.values()), 2),
+               "torch_ops_per_step": round(sum(n_ops.values()), 2),
+               "allocator_torch_calls": round(sum(n_calls.get(k, 0.0) for k in mine), 2) if mine else None,
+               "allocator_torch_ops": round(sum(n_ops.get(k, 0.0) for k in mine), 2) if mine else None,
+               **{f"{k}_us_median": round(statistics.median(v), 1) for k, v in sorted(phases.items())},
+               **{f"{k}_torch_ops": round(n_ops.get(k, 0.0), 2) for k in mine}}
     site_rows = [{"bench": "sync_sites", "allocator": engine, "batch": batch, "site": k,
                   "syncs_per_step": round(v / args.sync_steps, 3)} for k, v in sites.most_common()]
+    site_rows += [{"bench": "torch_calls", "allocator": engine, "batch": batch, "phase": phase, "site": name,
+                   "calls_per_step": round(n / args.sync_steps, 3)}
+                  for (phase, name), n in sorted(calls.by_phase.items())]
     return summary, site_rows
 
 
@@ -391,7 +484,7 @@ def main(argv=None) -> int:
     global TOTAL_MIB, SLOTS, ALLOC
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/kernels/decode_host.csv")
-    ap.add_argument("--sites-out", default=None, help="sync sites CSV (default: beside --out)")
+    ap.add_argument("--sites-out", default=None, help="sync sites and torch call sites CSV (default: beside --out)")
     ap.add_argument("--batch", type=int, nargs="*", default=[1, 64, 256])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
@@ -437,11 +530,21 @@ def main(argv=None) -> int:
                               and k != "host_us_median")
             print(f"{engine:12} batch {batch:4d}: {s['host_us_median']:9.1f} us/step median "
                   f"({s['host_us_p90']:.1f} p90), {s['syncs_per_step']:.2f} syncs/step; {parts}", flush=True)
+            if s["allocator_torch_ops"] is not None:
+                ops = ", ".join(f"{k} {s[k + '_torch_ops']}" for k in ALLOCATOR_PHASES)
+                print(f"{'':12} allocator: {s['allocator_us_median']} us median ({s['allocator_us_p10']} p10), "
+                      f"{s['allocator_torch_calls']} "
+                      f"torch calls / {s['allocator_torch_ops']} ops a step ({ops}); whole step "
+                      f"{s['torch_calls_per_step']} calls / {s['torch_ops_per_step']} ops", flush=True)
     append_csv(args.out, summaries)
     append_csv(sites_out, sites)
     for r in sites:
-        if r["allocator"] == "unikv_cuda" and r["batch"] == args.batch[-1]:
-            print(f"  {r['syncs_per_step']:7.3f}/step  {r['site']}")
+        if r["allocator"] != "unikv_cuda" or r["batch"] != args.batch[-1]:
+            continue
+        if r["bench"] == "sync_sites":
+            print(f"  {r['syncs_per_step']:7.3f} syncs/step  {r['site']}")
+        elif r["phase"] in ALLOCATOR_PHASES:
+            print(f"  {r['calls_per_step']:7.3f} calls/step  {r['phase']:12} {r['site']}")
     return 0
 
 

@@ -66,8 +66,9 @@ class IdSpace:
 
     def _push(self, ids: np.ndarray) -> None:
         k = len(ids)
-        self._stack[self._top: self._top + k] = ids
-        self._top += k
+        if k:  # often none: a window release leaves the ids bound on the other bands
+            self._stack[self._top: self._top + k] = ids
+            self._top += k
 
     def drop(self, ids: np.ndarray | list[int]) -> None:
         """One holder lets go of each of `ids` (unique; an int64 array, or a

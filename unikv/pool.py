@@ -394,8 +394,9 @@ class UnifiedPool:
         values = sorted(pages.tolist() if isinstance(pages, np.ndarray) else pages)
         if allow_sink and values and values[0] == 0:
             del values[0]
-        if len(values) <= paged.SMALL_BATCH:  # a few pages: Python steps beat numpy calls
-            size, binds, prev = self.vids.size, self.vids.binds, -1
+        size, binds = self.vids.size, self.vids.binds
+        if len(values) <= SMALL:  # a few pages: Python steps beat numpy calls
+            prev = -1
             for page in values:
                 if not (prev < page < size and binds[page] > 0):
                     break  # the vector checks below name the offender
@@ -403,10 +404,15 @@ class UnifiedPool:
             else:
                 if bound_v2p is not None:
                     values = [p for p in values if bound_v2p[p] >= 0]
-                if few_as_list and len(values) <= SMALL:
-                    return values
-                return np.array(values, dtype=np.int64)
+                return values if few_as_list else np.array(values, dtype=np.int64)
         v = np.array(values, dtype=np.int64)
+        if (len(values) <= paged.SMALL_BATCH and values and values[0] >= 0 and values[-1] < size
+                and len(set(values)) == len(values) and 0 not in binds[v].tolist()):
+            # A batch's pages, all valid: checked on Python ints read in one gather each.
+            if bound_v2p is None:
+                return v
+            bound = bound_v2p[v]
+            return v if min(bound.tolist()) >= 0 else v[bound >= 0]
         if len(v) and (v[0] < 0 or v[-1] >= self.vids.size):
             raise ValueError(f"{op}: pages {few(v[(v < 0) | (v >= self.vids.size)])} are outside "
                              f"[0, {self.vids.size})")

@@ -201,6 +201,21 @@ def test_backend_basics_on_cpu():
     b.wait_event(event)
 
 
+def test_scatter_under_deterministic_algorithms():
+    """torch refuses `put_` when deterministic algorithms are on: the
+    scatter then takes `index_put_`, with the same result."""
+    b = CudaBackend("cpu")
+    table = b.mirror(np.full(6, -1, dtype=np.int64))
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        b.scatter(table, np.array([4, 1, 4]), np.array([8, 3, 8]))
+    finally:
+        torch.use_deterministic_algorithms(was)
+    b.scatter(table, np.array([0]), np.array([5]))
+    assert table.tolist() == [5, 3, -1, -1, 8, -1]
+
+
 def test_commit_is_deferred_until_the_tables_are_read():
     """Host decisions reach the device tables at `commit`, which `translate`
     and `page_table` run first; one scatter per commit."""

@@ -4,10 +4,13 @@ Grids (page_size 1): mamba pages 1..9 (1000 B), swa 10..99 (100 B),
 full 5..49 (200 B); buffer 10,000 B, sink 1,000 B.
 """
 
+import random
+
 import pytest
 import torch
 from factories import fill, pool, read, three_band
 
+import unikv.bands.float
 from unikv import Side
 
 
@@ -117,3 +120,34 @@ def test_make_room_keeps_the_far_sides_holes(p):
     assert p.make_room("high", 3100) == 3100  # only the high hole is dropped
     assert span(p) == (40, 49) and p.bands["swa"].holes.tolist() == [40]
     assert p.stats()["moves"] == 0 and p.verify() == []
+
+
+def test_hole_list_is_the_frees_in_order_less_the_takes(p, monkeypatch):
+    """Frees append to the hole list and allocs drain its front: the list
+    lives in a store that grows when full (`FloatBand._appended`; a small
+    first store here, so it grows often), and after a flush it starts over
+    from the new list."""
+    monkeypatch.setattr(unikv.bands.float, "FIRST_STORE", 8)
+    b, rng = p.bands["swa"], random.Random(0)
+    live, released, model, ends = p.v.tolist(), [], b.holes.tolist(), set()
+    for _ in range(1500):
+        ladder = p.counters.ladder_runs
+        new = p.alloc(rng.randint(1, 3)).tolist()
+        del model[:len(new)]
+        if p.counters.ladder_runs != ladder:  # the shortfall ladder flushed: the list starts over
+            model = b.holes.tolist()
+        live += new
+        gone = sorted(rng.sample(live, min(len(live) - 4, rng.randint(1, 3) + 2 * (len(live) > 12))))
+        model += [int(b.v2p[v]) for v in gone]  # unbound in ascending virtual order
+        p.release(torch.tensor(gone), "swa")
+        live = [v for v in live if v not in gone]
+        released += gone
+        assert b.holes.tolist() == model
+        ends.add(b._end)
+        if len(released) > 4:  # the full band lets them go too: its pages come back
+            p.free(torch.tensor(released))
+            released = []
+        if rng.random() < 0.002:
+            p.flush()
+            model = b.holes.tolist()
+    assert max(ends) > 16 and p.verify() == []

@@ -70,8 +70,25 @@ def test_many_pages_take_the_vector_path_with_the_same_result():
     assert same(snapshot(a), snapshot(b))
 
 
+def test_a_batch_of_pages_takes_the_python_int_path_with_the_same_result():
+    """Between `ids.SMALL` and `paged.SMALL_BATCH` pages (checked on Python
+    ints), all bound or some released already: as the token-id call."""
+    a, b = twin_pools(ps=1)
+    more = a.take_pages(12).tolist()
+    b.alloc(12)
+    batch = more[::-1][:10] + [0]  # unsorted, with the sink
+    assert a.release_pages(batch, "swa") == b.release(np.array(batch), "swa")
+    assert same(snapshot(a), snapshot(b))
+    assert a.release_pages(more, "swa") == b.release(np.array(more), "swa")  # 10 of 12 released there
+    assert same(snapshot(a), snapshot(b))
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda p: p.release_pages([3, 3], "swa"), "release_pages: pages \\[3\\] repeat"),
+    (lambda p: p.release_pages([1, 2, 5, 6, 7, 7], "swa"), "release_pages: pages \\[7\\] repeat"),
+    (lambda p: p.release_pages([1, 2, 5, 6, 7, 3], "swa"), "release_pages: virtual pages \\[3\\] are not"),
+    (lambda p: p.release_pages([1, 2, 5, 6, 7, 10**6], "swa"), "release_pages: pages \\[1000000\\] are outside"),
+    (lambda p: p.free_pages([-1, 1, 2, 5, 6, 7]), "free_pages: pages \\[-1\\] are outside"),
     (lambda p: p.release_pages([4], "swa"), "release_pages: virtual pages \\[4\\] are not allocated"),
     (lambda p: p.release_pages([10**6], "swa"), "release_pages: pages \\[1000000\\] are outside"),
     (lambda p: p.release_pages([1], "nope"), "unknown band 'nope'"),

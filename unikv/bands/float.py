@@ -20,7 +20,7 @@ from unikv.extent import Extent, Kind, Relocation, absorb_plan, float_gaps, floa
 from unikv.hazards import Tracked
 from unikv.layout import Side
 
-FEW_HOLES = 64  # hole lists up to this long are scanned as Python ints (`plan_absorb`)
+FIRST_STORE = 1024  # entries of the smallest hole store (`FloatBand._appended`)
 
 
 class FloatBand(BandAllocator):
@@ -35,6 +35,12 @@ class FloatBand(BandAllocator):
         self.low = 0
         self.high = 0
         self.holes = EMPTY
+        # Frees append to the hole list and allocs take from its front, so
+        # the list is kept as the tail slice of a larger array, `_store`,
+        # ending at `_end`: while `holes` is a slice of the store it ends
+        # there (`_appended`). A fresh array: no hole list is a slice of it.
+        self._store = np.zeros(0, dtype=np.int64)
+        self._end = 0
         # Frees since the last absorb: only a free can put a hole on a
         # boundary, so a clean flag lets the absorb skip its host read.
         self.dirty = False
@@ -61,10 +67,26 @@ class FloatBand(BandAllocator):
     def release(self, p_pages: np.ndarray) -> int:
         if len(p_pages) == 0:
             return 0
-        self.holes = np.concatenate([self.holes, p_pages])
+        self.holes = self._appended(p_pages)
         self.dirty = True
         self._park_if_empty()
         return 0
+
+    def _appended(self, pages: np.ndarray) -> np.ndarray:
+        """The hole list followed by `pages`, written past its end in the
+        store (no copy of the list, unlike a concatenation: the float's
+        list holds thousands of holes under a sliding window). A list that
+        is not a slice of the store (set by `relocate` or `reset`), or a
+        full store, moves to a new store with room for as many again."""
+        h, store, end, k = self.holes, self._store, self._end, len(pages)
+        if h.base is not store or end + k > len(store):
+            n = len(h)
+            store = self._store = np.empty(max(2 * (n + k), FIRST_STORE), dtype=np.int64)
+            store[:n] = h
+            end = n
+        store[end:end + k] = pages
+        self._end = end + k
+        return store[end - len(h):end + k]
 
     def _park_if_empty(self) -> bool:
         if self.live != 0:
@@ -101,12 +123,11 @@ class FloatBand(BandAllocator):
         if memo is not None and memo[0] is h and memo[1] == (self.low, self.high):
             return memo[2]  # asked again before anything changed (the policy, then the flush)
         plan = None
-        if len(h) <= FEW_HOLES:  # a short list: one read into Python beats two numpy passes
-            values = h.tolist()
-            boundary = self.low in values or self.high - 1 in values
-        else:
-            boundary = bool((h == self.low).any() or (h == self.high - 1).any())
-        if boundary:  # a boundary hole
+        # A page of the span is a hole exactly when no virtual page binds it
+        # (the span holds live pages and holes only: `violations`), so the
+        # two boundary pages are read from p2v instead of searching the list.
+        p2v = self.p2v
+        if p2v[self.low] < 0 or p2v[self.high - 1] < 0:  # a boundary hole
             plan = absorb_plan(self.low, self.high, h)
             if (plan.low, plan.high) == (self.low, self.high):
                 plan = None
@@ -174,7 +195,7 @@ class FloatBand(BandAllocator):
             self.move([s for s, _ in pairs], [d for _, d in pairs])
             self.counters.relocations += 1
         self.low, self.high = plan.low, plan.high
-        self.holes = np.asarray(plan.holes, dtype=np.int64)
+        self.holes = np.array(plan.holes, dtype=np.int64)  # a copy: never a slice of the store
         self.dirty = bool(plan.holes)  # a plan may leave holes on a boundary
         return len(pairs)
 
