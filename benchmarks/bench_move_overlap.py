@@ -40,6 +40,18 @@ Orderings in the side modes, and why each wait is there:
    keeps a page moved out of a place the in-flight forward reads from reuse
    until its done event fires (both only read the source meanwhile). The
    remap reaches the device tables at the next step's commit, after wait 1.
+4. `side-early` / `side-early-pN` issue the flush before the forward's
+   launch, right after the step's commit, so the moves can start as soon
+   as the forward does (an eager forward's host launches otherwise hold
+   the flush back until the forward is nearly done). The forward waits for
+   the commit only (an event recorded before the moves), and reads the
+   tables committed before the flush: every page it reads is still at its
+   old place (the pool keeps a moved-out page from reuse until the
+   forward's done event; `LaterEvent` is that event, declared before the
+   launch and recorded after it), and it writes no moved page (the flush
+   stops at the declared writes). The next forward reads the moved pages
+   at their new places: its commit runs on the side stream after these
+   moves, and it waits for that commit.
 
 Per case and mode: the step (wall, host work included, synchronised every
 step: median over the measured steps, and over those that moved pages), the
@@ -77,7 +89,8 @@ import numpy as np
 PS = 16
 MOVE_KERNEL = "_copy_rows_kernel"
 FORWARD_RANGE = "unikv.forward"
-MODES = ("none", "same", "side", "side-p4", "side-p8", "side-p16", "side-p32")
+MODES = ("none", "same", "side", "side-p4", "side-p8", "side-p16", "side-p32", "side-early", "side-early-p4",
+         "side-early-p32")
 
 
 def decode_bench():
@@ -100,16 +113,53 @@ class Mode:
     side: bool
     churn: bool
     programs: int | None = None
+    early: bool = False  # the flush before the forward's launch (side-early*)
 
 
 def parse_mode(name: str) -> Mode:
-    """`none`, `same`, `side` or `side-pN` (N >= 1); ValueError naming it otherwise."""
+    """`none`, `same`, `side`, `side-pN`, `side-early` or `side-early-pN`
+    (N >= 1); ValueError naming it otherwise."""
     if name in ("none", "same", "side"):
         return Mode(name, side=name == "side", churn=name != "none")
-    n = name[len("side-p"):]
-    if name.startswith("side-p") and n.isdigit() and int(n) > 0:
-        return Mode(name, side=True, churn=True, programs=int(n))
-    raise ValueError(f"--modes: {name!r} is not none, same, side or side-pN (N a positive integer)")
+    if name == "side-early":
+        return Mode(name, side=True, churn=True, early=True)
+    early = name.startswith("side-early-p")
+    n = name[len("side-early-p" if early else "side-p"):]
+    if (early or name.startswith("side-p")) and n.isdigit() and int(n) > 0:
+        return Mode(name, side=True, churn=True, programs=int(n), early=early)
+    raise ValueError(f"--modes: {name!r} is not none, same, side, side-pN, side-early or side-early-pN "
+                     "(N a positive integer)")
+
+
+class LaterEvent:
+    """The forward's done event made before its launch and recorded after
+    it (the early flush declares the forward before launching it). Until
+    `record` it reads as not done, where an unrecorded CUDA event would read
+    as done and let the pool forget the forward's writes."""
+
+    def __init__(self, cuda: bool) -> None:
+        import torch
+
+        self.event = torch.cuda.Event() if cuda else None
+        self.recorded = False
+
+    def record(self, stream=None) -> None:
+        if self.event is not None:
+            self.event.record(stream)
+        self.recorded = True
+
+    def query(self) -> bool:
+        return self.recorded and (self.event is None or self.event.query())
+
+    def wait(self, stream) -> None:  # torch's Stream.wait_event(e) calls e.wait(stream)
+        if not self.recorded:
+            raise RuntimeError("LaterEvent: waited on before the forward was launched")
+        if self.event is not None:
+            self.event.wait(stream)
+
+    def synchronize(self) -> None:
+        if self.event is not None and self.recorded:
+            self.event.synchronize()
 
 
 class Streams:
@@ -349,6 +399,7 @@ def one_step(case, pool, residents: Residents, streams: Streams, mode: Mode, pre
     import torch
 
     moved0 = pool.stats()["moved_bytes"]
+    moves = 0
     sync()
     t0 = time.perf_counter()
     with streams.on(streams.pool_stream):
@@ -358,18 +409,27 @@ def one_step(case, pool, residents: Residents, streams: Streams, mode: Mode, pre
         if mode.churn:
             residents.turn()
         pool.commit()
+        if mode.early:  # ordering 4: the moves start before the forward's launch
+            done = LaterEvent(streams.fwd is not None)
+            committed = mark(streams.side)
+            pool.set_inflight_forward(done, case.writes())
+            moves = pool.flush(urgent=False)
     with streams.on(streams.fwd):
-        if streams.side is not None:
+        if mode.early and streams.side is not None:
+            streams.fwd.wait_event(committed)  # ordering 4: the commit, not the moves just issued
+        elif streams.side is not None:
             streams.fwd.wait_stream(streams.side)  # ordering 2: tables, uploads and moved pages are ready
         start = mark(streams.fwd)
         with torch.profiler.record_function(FORWARD_RANGE):
             case.forward(batch)
         stop = mark(streams.fwd)
-        done = torch.cuda.Event() if streams.fwd is not None else pool.backend.new_event("forward")
-        if streams.fwd is not None:
+        if mode.early:
             done.record(streams.fwd)
-    moves = 0
-    if mode.churn:  # mode none: no flush either
+        else:
+            done = torch.cuda.Event() if streams.fwd is not None else pool.backend.new_event("forward")
+            if streams.fwd is not None:
+                done.record(streams.fwd)
+    if mode.churn and not mode.early:  # mode none: no flush either
         with streams.on(streams.pool_stream):  # ordering 3: the moves wait for nothing
             pool.set_inflight_forward(done, case.writes())
             moves = pool.flush(urgent=False)
@@ -528,7 +588,7 @@ def against_none(rows: list[dict]) -> None:
 # -- command line --
 
 SMOKE = dict(batch=2, context=64, prefix=64, chunk=32, residents=2, resident_tokens=64, move_cap=4, steps=2,
-             warm=1, modes=["none", "same", "side-p2"])
+             warm=1, modes=["none", "same", "side-p2", "side-early-p2"])
 
 
 def main(argv=None) -> int:
@@ -536,7 +596,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, type=Path, help="folder for move_overlap.csv, config.json, traces/")
     ap.add_argument("--model", default="gemma-3-12b", help="a model of bench_real_decode.CONFIGS")
     ap.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
-    ap.add_argument("--modes", nargs="*", default=list(MODES), help="none, same, side, side-pN")
+    ap.add_argument("--modes", nargs="*", default=list(MODES), help="none, same, side, side-pN, side-early, side-early-pN")
     ap.add_argument("--batch", type=int, default=64, help="decode: requests")
     ap.add_argument("--context", type=int, default=8192, help="decode: tokens per request")
     ap.add_argument("--prefix", type=int, default=8192, help="prefill: cached prefix tokens")

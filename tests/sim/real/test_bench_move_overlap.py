@@ -53,7 +53,7 @@ def test_smoke_writes_rows_traces_and_config(bench, tiny_config, tmp_path, capsy
     assert "no CUDA streams on a CPU" in capsys.readouterr().out
     rows = list(csv.DictReader((out / "move_overlap.csv").open()))
     assert [(r["case"], r["mode"]) for r in rows] == [(c, m) for c in ("decode", "prefill")
-                                                      for m in ("none", "same", "side-p2")] + [
+                                                      for m in ("none", "same", "side-p2", "side-early-p2")] + [
         ("alone", "full-grid"), ("alone", "p2")]
     alone = rows[-2:]
     assert [r["move_programs"] for r in alone] == ["", "2"] and all(float(r["move_us"]) > 0 for r in alone)
@@ -70,7 +70,7 @@ def test_smoke_writes_rows_traces_and_config(bench, tiny_config, tmp_path, capsy
         events = json.loads(gzip.decompress((out / "traces" / f"{r['case']}_{r['mode']}.json.gz").read_bytes()))
         assert any(e.get("name") == bench.FORWARD_RANGE for e in events["traceEvents"])
     config = json.loads((out / "config.json").read_text())
-    assert config["device"] == "cpu" and config["modes"] == ["none", "same", "side-p2"]
+    assert config["device"] == "cpu" and config["modes"] == ["none", "same", "side-p2", "side-early-p2"]
 
 
 def test_bounded_mode_bounds_every_move_launch(bench, tiny_config, tmp_path, monkeypatch, one_thread):
@@ -113,11 +113,25 @@ def test_trace_summary_counts_forward_kernels_by_launch_and_overlap(bench):
     assert bench.trace_summary([fwd]) == {}  # a CPU trace: no kernels
 
 
+def test_later_event_reads_as_not_done_until_recorded(bench):
+    """The early flush's done event: an unrecorded event must not read as done
+    (the pool would forget the forward's writes and free what it reads)."""
+    done = bench.LaterEvent(cuda=False)
+    assert done.query() is False
+    with pytest.raises(RuntimeError, match="before the forward was launched"):
+        done.wait(None)
+    done.record()
+    assert done.query() is True
+
+
 def test_modes_parse_and_bad_ones_are_refused(bench, tiny_config, tmp_path, capsys):
     assert bench.parse_mode("side-p16") == bench.Mode("side-p16", side=True, churn=True, programs=16)
     assert bench.parse_mode("none").churn is False and bench.parse_mode("same").side is False
-    for bad in ("side-p0", "side-p", "sidep4", "fast"):
-        with pytest.raises(ValueError, match=f"--modes: '{bad}' is not none, same, side or side-pN"):
+    assert bench.parse_mode("side-early") == bench.Mode("side-early", side=True, churn=True, early=True)
+    assert bench.parse_mode("side-early-p4") == bench.Mode("side-early-p4", side=True, churn=True, programs=4,
+                                                           early=True)
+    for bad in ("side-p0", "side-p", "sidep4", "fast", "side-early-p0", "side-early-p", "early-p4"):
+        with pytest.raises(ValueError, match=f"--modes: '{bad}' is not none, same, side, side-pN, side-early"):
             bench.parse_mode(bad)
     assert bench.main(["--smoke", str(tiny_config), "--out", str(tmp_path), "--modes", "side-p0"]) == 2
     assert "side-p0" in capsys.readouterr().err
