@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from unikv.kernels.attention import paged_attention
+from unikv.kernels.attention.op import write_and_attend
 from unikv.tensors import KVViews
 
 NAME = "unikv"
@@ -67,6 +68,10 @@ class StepContext:
             tensors, else the torch reference), True (the kernel; on CPU
             tensors through Triton's interpreter when the process imported
             Triton with `TRITON_INTERPRET=1`), False (the reference).
+        opaque: write and attend through one torch operator
+            (`unikv.kernels.attention.op.write_and_attend`), which
+            `torch.compile` keeps as one opaque call: the compiled decode
+            step (`sim.real.graphs.DecodeGraphs(compile=True)`).
     Raises:
         ValueError: a band without a table or slots, or shapes that
             disagree (checked on shapes only: no device read).
@@ -79,6 +84,7 @@ class StepContext:
     write_slots: Mapping[str, torch.Tensor]
     layout: str = "packed"
     triton: bool | None = None
+    opaque: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -126,7 +132,7 @@ def unikv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
                     attention_mask: torch.Tensor | None, scaling: float | None = None,
                     dropout: float = 0.0, sliding_window: int | None = None,
                     softcap: float | None = None, s_aux: torch.Tensor | None = None,
-                    **kwargs) -> tuple[torch.Tensor, None]:
+                    unikv_step: StepContext | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract, over the pool.
 
     Args:
@@ -134,6 +140,10 @@ def unikv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
             (packed: B = 1, S = T; padded: S = 1, B = the requests).
         attention_mask: ignored (the kernel masks by position).
         scaling, sliding_window, softcap, s_aux: as the model passes them.
+        unikv_step: the step, passed to the model's forward as a keyword
+            (transformers hands its forward's keywords to the attention
+            function); None: the step `use_step` set. The keyword is what
+            a compiled forward uses: dynamo does not trace `ContextVar.get`.
     Returns:
         `([B, S, Hq, Dv], None)` in the query's dtype (no attention weights).
     Raises:
@@ -141,7 +151,7 @@ def unikv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         ValueError: a non-causal layer, dropout in training, or a batch
             shape the step's layout does not expect.
     """
-    ctx = current_step()
+    ctx = unikv_step if unikv_step is not None else current_step()
     layer = module.layer_idx
     if not getattr(module, "is_causal", True):
         raise ValueError(f"unikv attention: layer {layer} is bidirectional (is_causal=False); "
@@ -158,8 +168,14 @@ def unikv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     q = query.transpose(1, 2).reshape(tokens, hq, dk)
     if key.shape[2] != s:  # a cache passed to the forward (a hybrid's) prepended its past K/V
         key, value = key[:, :, -s:], value[:, :, -s:]
-    ctx.views.write(layer, ctx.write_slots[band], _tokens(key), _tokens(value))
     scale = scaling if scaling is not None else module.head_dim ** -0.5
+    if ctx.opaque:
+        out = write_and_attend(q, _tokens(key), _tokens(value), ctx.views.k(layer), ctx.views.v(layer),
+                               ctx.write_slots[band], ctx.block_tables[band], ctx.cu_q, ctx.seq_lens,
+                               scale=scale, window=sliding_window, sinks=s_aux, softcap=softcap,
+                               triton=ctx.triton)
+        return out.reshape(b, s, hq, -1), None
+    ctx.views.write(layer, ctx.write_slots[band], _tokens(key), _tokens(value))
     out = paged_attention(q, ctx.views.k(layer), ctx.views.v(layer), ctx.block_tables[band],
                           ctx.cu_q, ctx.seq_lens, scale=scale, window=sliding_window,
                           sinks=s_aux, softcap=softcap, triton=ctx.triton)

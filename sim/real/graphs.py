@@ -19,15 +19,42 @@ wide so that one capture serves every length.
 Without `capture` (the CPU) the same static buffers run eagerly: the
 padding and bucketing are the same, only the capture is skipped; the CPU
 tests hold that path's tokens equal to the eager executor's.
+
+With `compile`, the model call (`decode_picks`: the forward and the greedy
+pick; the translation before it stays eager) goes through `torch.compile`
+(inductor's default mode, no CUDA graphs of its own, `fullgraph=True`), so
+inductor fuses the layers' elementwise work (norms, rotary, activations,
+residual adds, casts) between the matmuls. The attention layers write and
+attend through one opaque operator (`StepContext(opaque=True)`,
+`unikv.kernels.attention.op`), passed the step as a keyword (dynamo does not
+trace `ContextVar.get`). The bucket's first two forwards compile it (shapes
+are static per bucket; dynamo's automatic dynamic shapes make the batch
+size symbolic from the second bucket on, so buckets of 2 and more share one
+artefact), then the capture records the compiled kernels. A compile or a
+capture of the compiled forward that fails is recorded (`stats()`) and the
+bucket runs the uncompiled forward instead: a failure never ends the run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# dynamo compiles one artefact per bucket shape it has not seen (and per
+# model, pool shape): more than its default 8 per function in a long run;
+# past the limit it would run the function uncompiled without an error
+RECOMPILE_LIMIT = 64
+
+
+def decode_picks(model, ids, pos, ctx) -> Any:
+    """Greedy next token `[n]` of each row of a padded decode step: the
+    model's forward over `ids` / `pos` `[n, 1]`, its attention reading the
+    step `ctx` (a `StepContext`, passed as the forward's keyword)."""
+    logits = model(input_ids=ids, position_ids=pos, use_cache=False, unikv_step=ctx).logits
+    return logits[:, -1].argmax(-1)
 
 
 @dataclass
@@ -42,6 +69,7 @@ class _Bucket:
     vids: Any  # [n] int64 virtual token ids written
     graph: Any = None
     out: Any = None
+    step: Callable | None = None  # decode_picks, compiled or not
     steps: int = field(default=0)
     filled: tuple[int, int] = (0, 0)  # rows and columns the last fill wrote (the rest is padding)
 
@@ -57,10 +85,22 @@ class DecodeGraphs:
         max_pages: the block tables' width (the most pages one request holds).
         buckets: batch sizes a step is padded up to; a larger step runs eagerly.
         capture: capture CUDA graphs (default: on a CUDA device).
+        compile: run the forward through `torch.compile` (see the module
+            docstring); off by default.
+        compile_backend, compile_mode: `torch.compile`'s `backend` and
+            `mode` ("inductor" and its default mode; "aot_eager" traces and
+            functionalises without generating code: a check on the CPU).
+    Raises:
+        ValueError: a compile mode that captures CUDA graphs itself
+            ("reduce-overhead", "max-autotune"): the buckets capture theirs.
     """
 
     def __init__(self, model, views, bands: Sequence[str], *, device: str, max_pages: int,
-                 buckets: Sequence[int] = BUCKETS, capture: bool | None = None) -> None:
+                 buckets: Sequence[int] = BUCKETS, capture: bool | None = None, compile: bool = False,
+                 compile_backend: str = "inductor", compile_mode: str | None = None) -> None:
+        if compile_mode in ("reduce-overhead", "max-autotune"):
+            raise ValueError(f"DecodeGraphs: compile_mode={compile_mode!r} captures CUDA graphs itself; expected "
+                             "None, 'default' or 'max-autotune-no-cudagraphs' (the buckets capture the graphs)")
         self.model = model
         self.views = views
         self.bands = tuple(bands)
@@ -68,8 +108,20 @@ class DecodeGraphs:
         self.max_pages = int(max_pages)
         self.buckets = tuple(sorted(buckets))
         self.capture = str(device).startswith("cuda") if capture is None else capture
+        self.compile = bool(compile)
+        self._compiled: Callable | None = None
+        if self.compile:
+            import torch
+
+            from unikv.kernels.attention.op import attention_op
+
+            attention_op()  # registered before dynamo traces a call of it
+            self._compiled = torch.compile(decode_picks, backend=compile_backend, mode=compile_mode,
+                                           fullgraph=True)
         self._buckets: dict[int, _Bucket] = {}
         self.failures: dict[int, str] = {}  # bucket -> why its capture failed
+        self.compile_failures: dict[int, str] = {}  # bucket -> why its compile (or compiled capture) failed
+        self.compile_s: dict[int, float] = {}  # bucket -> seconds of its first (compiling) forward
 
     def bucket(self, batch_size: int) -> int | None:
         """The smallest bucket holding `batch_size` requests (None: none does)."""
@@ -137,51 +189,115 @@ class DecodeGraphs:
             st.rows[:min(b, live_b), width:live_w].zero_()
         st.filled = (b, width)
 
-    def _forward(self, st: _Bucket) -> Any:
-        from unikv.sim.real.attention import StepContext, use_step
+    def _forward(self, st: _Bucket, step: Callable | None = None) -> Any:
+        from unikv.sim.real.attention import StepContext
 
+        step = step or st.step or decode_picks
         # inside the capture: the pool's device tables are read at replay time (committed by the batch build)
         tables = {band: self.views.translate_pages(st.rows, band) for band in self.bands}
         slots = {band: self.views.translate_slots(st.vids, band) for band in self.bands}
         ctx = StepContext(views=self.views, block_tables=tables, cu_q=st.cu_q, seq_lens=st.seq_lens,
-                          write_slots=slots, layout="padded")
-        with use_step(ctx):
-            logits = self.model(input_ids=st.ids, position_ids=st.pos, use_cache=False).logits
-        return logits[:, -1].argmax(-1)
+                          write_slots=slots, layout="padded", opaque=step is not decode_picks)
+        if step is decode_picks:
+            return step(self.model, st.ids, st.pos, ctx)
+        import torch
+
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
+            return step(self.model, st.ids, st.pos, ctx)
+
+    def _compile(self, st: _Bucket, n: int) -> None:
+        """The bucket's step: compiled when the first forward through
+        `torch.compile` succeeds (timed: `compile_s`), else the uncompiled
+        one, the error recorded (`compile_failures`)."""
+        st.step = decode_picks
+        if self._compiled is None:
+            return
+        import torch
+
+        cuda = str(self.device).startswith("cuda")
+        t0 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                self._forward(st, self._compiled)
+            if cuda:
+                torch.cuda.synchronize(self.device)
+        except Exception as exc:  # any compiler error: this bucket runs uncompiled, the stats say why
+            self.compile_failures[n] = f"{type(exc).__name__}: {_first_line(exc)}"
+            return
+        self.compile_s[n] = time.perf_counter() - t0
+        st.step = self._compiled
 
     def _build(self, n: int) -> _Bucket:
         """The bucket's buffers and, with `capture`, its graph: two warm-up
         forwards on a side stream, then the capture (the padding rows write
-        only the sink, so warm-up and capture touch no live KV)."""
+        only the sink, so warm-up and capture touch no live KV). With
+        `compile`, the compiling forward comes first; a compiled forward
+        that does not capture is recorded and replaced by the uncompiled one."""
         st = self._static(n)
         self._buckets[n] = st
         if not self.capture:
+            self._compile(st, n)
             return st
+        self._warm_up(st, n)
+        try:
+            self._capture(st)
+        except Exception as exc:
+            if st.step is decode_picks and not isinstance(exc, RuntimeError):
+                raise
+            if st.step is decode_picks:
+                # a forward that syncs or changes shape with the data (transformers'
+                # eager MoE loops over the experts hit) cannot be captured: this
+                # bucket runs its static buffers eagerly, and the stats say why
+                self.failures[n] = _first_line(exc)
+                return st
+            self.compile_failures[n] = f"capture: {type(exc).__name__}: {_first_line(exc)}"
+            st.step = decode_picks
+            self._warm_up(st)
+            try:
+                self._capture(st)
+            except RuntimeError as again:
+                self.failures[n] = _first_line(again)
+        return st
+
+    def _warm_up(self, st: _Bucket, compile_bucket: int | None = None) -> None:
+        """Two forwards on a side stream (PyTorch's recipe before a capture);
+        with `compile_bucket`, the compiling forward first (`_compile`)."""
         import torch
 
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side), torch.inference_mode():
-            for _ in range(2):
-                self._forward(st)
+        with torch.cuda.stream(side):
+            if compile_bucket is not None:
+                self._compile(st, compile_bucket)
+            with torch.inference_mode():
+                for _ in range(2):
+                    self._forward(st)
         torch.cuda.current_stream(self.device).wait_stream(side)
+
+    def _capture(self, st: _Bucket) -> None:
+        """Capture the bucket's forward (its step) as its graph."""
+        import torch
+
         graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.inference_mode(), torch.cuda.graph(graph):
-                st.out = self._forward(st)
-        except RuntimeError as exc:
-            # a forward that syncs or changes shape with the data (transformers'
-            # eager MoE loops over the experts hit) cannot be captured: this
-            # bucket runs its static buffers eagerly, and the stats say why
-            self.failures[n] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            st.out = None
-            return st
-        st.graph = graph
-        return st
+        with torch.inference_mode(), torch.cuda.graph(graph):
+            out = self._forward(st)
+        st.graph, st.out = graph, out
 
     def stats(self) -> dict:
         """Buckets built, steps run through them, buckets captured as graphs,
-        and why a capture failed (bucket -> the error's first line)."""
-        return {"buckets": sorted(self._buckets), "steps": sum(b.steps for b in self._buckets.values()),
-                "captured": sorted(n for n, b in self._buckets.items() if b.graph is not None),
-                "failures": dict(self.failures)}
+        and why a capture failed (bucket -> the error's first line); with
+        `compile`: the buckets that run compiled, the seconds of each
+        bucket's compiling forward, and why a compile failed."""
+        out = {"buckets": sorted(self._buckets), "steps": sum(b.steps for b in self._buckets.values()),
+               "captured": sorted(n for n, b in self._buckets.items() if b.graph is not None),
+               "failures": dict(self.failures)}
+        if self.compile:
+            out.update(compiled=sorted(n for n, b in self._buckets.items() if b.step is self._compiled),
+                       compile_s=dict(self.compile_s), compile_failures=dict(self.compile_failures))
+        return out
+
+
+def _first_line(exc: BaseException) -> str:
+    """The error's first line (a compiler error spans pages), or its type."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
