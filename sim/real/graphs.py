@@ -27,10 +27,12 @@ inductor fuses the layers' elementwise work (norms, rotary, activations,
 residual adds, casts) between the matmuls. The attention layers write and
 attend through one opaque operator (`StepContext(opaque=True)`,
 `unikv.kernels.attention.op`), passed the step as a keyword (dynamo does not
-trace `ContextVar.get`). The bucket's first two forwards compile it (shapes
-are static per bucket; dynamo's automatic dynamic shapes make the batch
-size symbolic from the second bucket on, so buckets of 2 and more share one
-artefact), then the capture records the compiled kernels. A compile or a
+trace `ContextVar.get`). The bucket's first forward compiles it, then the
+capture records the compiled kernels. Bucket 1 is compiled for its static
+shapes; the batch dimension of the larger buckets and the page count of
+the pool's caches are marked dynamic, so every bucket of 2 and more, and
+every pool the same model runs on, share one artefact (dynamo keys its
+cache on `decode_picks`' code, not on the `DecodeGraphs`). A compile or a
 capture of the compiled forward that fails is recorded (`stats()`) and the
 bucket runs the uncompiled forward instead: a failure never ends the run.
 """
@@ -116,6 +118,10 @@ class DecodeGraphs:
             from unikv.kernels.attention.op import attention_op
 
             attention_op()  # registered before dynamo traces a call of it
+            for layer, spec in views.layers.items():  # the pool's size is no part of the artefact
+                if spec.kind == "kv":
+                    torch._dynamo.maybe_mark_dynamic(views.k(layer), 0)
+                    torch._dynamo.maybe_mark_dynamic(views.v(layer), 0)
             self._compiled = torch.compile(decode_picks, backend=compile_backend, mode=compile_mode,
                                            fullgraph=True)
         self._buckets: dict[int, _Bucket] = {}
@@ -202,6 +208,9 @@ class DecodeGraphs:
             return step(self.model, st.ids, st.pos, ctx)
         import torch
 
+        if st.ids.shape[0] > 1:  # the translated tables and slots: as the bucket's buffers (`_compile`)
+            for t in (*tables.values(), *slots.values()):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
             return step(self.model, st.ids, st.pos, ctx)
 
@@ -214,6 +223,9 @@ class DecodeGraphs:
             return
         import torch
 
+        if n > 1:  # one artefact for every bucket of 2 and more (size 1 is always specialised)
+            for t in (st.ids, st.pos, st.cu_q, st.seq_lens, st.rows, st.vids):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
         cuda = str(self.device).startswith("cuda")
         t0 = time.perf_counter()
         try:

@@ -90,7 +90,7 @@ def greedy(model, prompt: list[int], n: int) -> list[int]:
 class Decoding:
     """The requests in a fresh pool: prefilled eagerly, then decoded by `graphs` per SCHEDULE."""
 
-    def __init__(self, model, layers, device: str, **graph_options) -> None:
+    def __init__(self, model, layers, device: str, pages: int = 300, **graph_options) -> None:
         from unikv.sim.real.graphs import DecodeGraphs
 
         from unikv import Band, Layout, UnifiedPool
@@ -98,7 +98,7 @@ class Decoding:
         from unikv.tensors import KVViews
 
         bands, blocks = layers.band_bytes(), layers.band_blocks()
-        layout = Layout(total_bytes=300 * PS * max(bands.values()), bands=[
+        layout = Layout(total_bytes=pages * PS * max(bands.values()), bands=[
             Band(name, entry_bytes=bands[name], grow=grow, page_size=PS, blocks_per_page=blocks[name])
             for name, grow in (("swa", "up"), ("full", "down"))])
         backend = CudaBackend(device) if device == "cuda" else SimBackend(materialize=True)
@@ -194,14 +194,23 @@ def test_decode_steps_give_transformers_greedy_tokens_compiled_or_not(tiny, opti
     row), 2, 4 again, 1 and 4 again: every request's tokens equal
     transformers' greedy run with its own cache, compiled (dynamo +
     AOTAutograd, with and without inductor's code) or not; on CUDA every
-    bucket is captured as a graph (of the compiled forward, with compile)."""
+    bucket is captured as a graph (of the compiled forward, with compile).
+    Two artefacts serve every bucket and both pools."""
+    from torch._dynamo.utils import counters
+
     device, model, layers, prompts, want = tiny
-    run = Decoding(model, layers, device, **options)
-    assert run.run(prompts) == want
-    stats = run.graphs.stats()
-    assert stats["buckets"] == [1, 2, 4] and stats["steps"] == len(SCHEDULE)
-    assert stats["captured"] == ([1, 2, 4] if device == "cuda" else []) and stats["failures"] == {}
-    if options:
-        assert stats["compile_failures"] == {} and stats["compiled"] == [1, 2, 4]
-        assert set(stats["compile_s"]) == {1, 2, 4}
-    assert run.pool.verify() == []
+    compiled = []
+    for pages in (300, 420):  # a second pool of another size: no new compile
+        before = counters["stats"]["unique_graphs"]
+        run = Decoding(model, layers, device, pages, **options)
+        assert run.run(prompts) == want
+        compiled.append(counters["stats"]["unique_graphs"] - before)
+        stats = run.graphs.stats()
+        assert stats["buckets"] == [1, 2, 4] and stats["steps"] == len(SCHEDULE)
+        assert stats["captured"] == ([1, 2, 4] if device == "cuda" else []) and stats["failures"] == {}
+        if options:
+            assert stats["compile_failures"] == {} and stats["compiled"] == [1, 2, 4]
+            assert set(stats["compile_s"]) == {1, 2, 4}
+        assert run.pool.verify() == []
+    # compiled: bucket 4 (dynamic batch), bucket 1 (static); bucket 2 and the second pool reuse them
+    assert compiled == ([2, 0] if options else [0, 0])
