@@ -211,7 +211,9 @@ class DecodeGraphs:
         if st.ids.shape[0] > 1:  # the translated tables and slots: as the bucket's buffers (`_compile`)
             for t in (*tables.values(), *slots.values()):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
+        # inference mode always: the artefact was compiled under it (another grad mode would recompile)
+        with torch.inference_mode(), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT,
+                                                                fail_on_recompile_limit_hit=True):
             return step(self.model, st.ids, st.pos, ctx)
 
     def _compile(self, st: _Bucket, n: int) -> None:
@@ -234,7 +236,7 @@ class DecodeGraphs:
             if cuda:
                 torch.cuda.synchronize(self.device)
         except Exception as exc:  # any compiler error: this bucket runs uncompiled, the stats say why
-            self.compile_failures[n] = f"{type(exc).__name__}: {_first_line(exc)}"
+            self.compile_failures[n] = _compile_error(exc)
             return
         self.compile_s[n] = time.perf_counter() - t0
         st.step = self._compiled
@@ -262,7 +264,7 @@ class DecodeGraphs:
                 # bucket runs its static buffers eagerly, and the stats say why
                 self.failures[n] = _first_line(exc)
                 return st
-            self.compile_failures[n] = f"capture: {type(exc).__name__}: {_first_line(exc)}"
+            self.compile_failures[n] = f"capture: {_compile_error(exc)}"
             st.step = decode_picks
             self._warm_up(st)
             try:
@@ -307,6 +309,13 @@ class DecodeGraphs:
             out.update(compiled=sorted(n for n, b in self._buckets.items() if b.step is self._compiled),
                        compile_s=dict(self.compile_s), compile_failures=dict(self.compile_failures))
         return out
+
+
+def _compile_error(exc: BaseException) -> str:
+    """The error's type and first two lines (dynamo's first line of a
+    backend's failure only names the backend: "backend='inductor' raised:")."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {' '.join(lines[:2])[:300]}"
 
 
 def _first_line(exc: BaseException) -> str:

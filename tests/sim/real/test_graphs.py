@@ -214,3 +214,24 @@ def test_decode_steps_give_transformers_greedy_tokens_compiled_or_not(tiny, opti
         assert run.pool.verify() == []
     # compiled: bucket 4 (dynamic batch), bucket 1 (static); bucket 2 and the second pool reuse them
     assert compiled == ([2, 0] if options else [0, 0])
+
+
+def test_a_compile_that_fails_is_recorded_and_the_bucket_runs_uncompiled(tiny):
+    """A backend that raises: each bucket records the error and decodes
+    uncompiled, with transformers' tokens still."""
+    device, model, layers, prompts, want = tiny
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("this backend cannot compile")
+
+    run = Decoding(model, layers, device, compile=True, compile_backend=broken)
+    assert run.run(prompts) == want
+    stats = run.graphs.stats()
+    assert stats["compiled"] == [] and sorted(stats["compile_failures"]) == [1, 2, 4]
+    assert all("this backend cannot compile" in why for why in stats["compile_failures"].values())
+    assert stats["captured"] == ([1, 2, 4] if device == "cuda" else [])
+
+
+def test_a_compile_mode_that_captures_graphs_itself_is_refused():
+    with pytest.raises(ValueError, match="compile_mode='reduce-overhead' captures CUDA graphs itself"):
+        DecodeGraphs(None, None, ["full"], device="cpu", max_pages=4, compile=True, compile_mode="reduce-overhead")
