@@ -78,7 +78,8 @@ def test_the_fake_implementation_gives_the_output_shape(gen):
     _, views = caches("cpu", gen)
     step = decode_step("cpu", gen)
     k, v = views[0]
-    args = (step["q"], step["key"], step["value"], k, v, step["slots"], step["block_table"], step["cu_q"],
+    s = step["slots"]
+    args = (step["q"], step["key"], step["value"], k, v, s // PS, s % PS, step["block_table"], step["cu_q"],
             step["seq_lens"], None, DK ** -0.5, None, None, False)
     torch.library.opcheck(attention_op(), args, test_utils=("test_faketensor",))
 
@@ -86,7 +87,7 @@ def test_the_fake_implementation_gives_the_output_shape(gen):
 @pytest.mark.parametrize("bad, match", [
     (dict(key=torch.zeros(3, HKV + 1, DK)), "key is \\(3, 3, 16\\)"),
     (dict(value=torch.zeros(2, HKV, DV)), "value is \\(2, 2, 8\\)"),
-    (dict(slots=torch.zeros(2, dtype=torch.int64)), "slots has shape \\(2,\\)"),
+    (dict(slots=torch.zeros(2, dtype=torch.int64)), "pages has shape \\(2,\\)"),
     (dict(seq_lens=torch.ones(2, dtype=torch.int32)), "cu_q has 4 entries"),
 ])
 def test_bad_rows_are_refused_before_anything_is_written(gen, bad, match):

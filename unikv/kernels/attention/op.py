@@ -1,9 +1,11 @@
 """One layer's K / V write and paged attention as one opaque torch operator.
 
-`write_and_attend(...)` calls `torch.ops.unikv.paged_attention_write`: it
-stores the step's new K / V rows at their physical slots of the layer's
-caches, then runs `paged_attention` (the dispatcher of this package) over
-the layer's pages. Registered as a `torch.library.custom_op` with a fake
+`write_and_attend(...)` splits the step's physical slots into pages and
+offsets (traced: in a compiled graph every layer of a band shares them, and
+AOTAutograd's CSE computes them once), then calls
+`torch.ops.unikv.paged_attention_write`: it stores the new K / V rows at
+`cache[page, offset]` of the layer's caches, then runs `paged_attention`
+(the dispatcher of this package) over the layer's pages. Registered as a `torch.library.custom_op` with a fake
 (meta) implementation, so `torch.compile` traces it as one call whose
 output is `[T, Hq, Dv]` in q's dtype, and never traces into the checks
 (metadata only, as the launcher's), the write or the launcher (the Triton
@@ -33,10 +35,9 @@ import torch
 NAME = "unikv::paged_attention_write"
 
 
-def _write(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
-    """`rows` `[T, Hkv, D]` into `cache` `[P, ps, Hkv, D]` at physical `slots` `[T]`."""
-    ps = cache.shape[1]
-    cache[slots // ps, slots % ps] = rows.to(cache.dtype)
+def _write(cache: torch.Tensor, pages: torch.Tensor, offsets: torch.Tensor, rows: torch.Tensor) -> None:
+    """`rows` `[T, Hkv, D]` into `cache` `[P, ps, Hkv, D]` at `[pages, offsets]` `[T]`."""
+    cache[pages, offsets] = rows.to(cache.dtype)
 
 
 def _check_rows(name: str, x: torch.Tensor, shape: tuple[int, ...]) -> None:
@@ -46,7 +47,8 @@ def _check_rows(name: str, x: torch.Tensor, shape: tuple[int, ...]) -> None:
 
 
 def _impl(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-          slots: torch.Tensor, block_table: torch.Tensor, cu_q: torch.Tensor, seq_lens: torch.Tensor,
+          pages: torch.Tensor, offsets: torch.Tensor, block_table: torch.Tensor, cu_q: torch.Tensor,
+          seq_lens: torch.Tensor,
           sinks: torch.Tensor | None, scale: float, window: int | None, softcap: float | None,
           triton: bool | None) -> torch.Tensor:
     from unikv.kernels.attention import paged_attention, reference
@@ -55,17 +57,18 @@ def _impl(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torc
                          sinks=sinks, softcap=softcap)
     _check_rows("key", key, (q.shape[0], *k_cache.shape[2:]))
     _check_rows("value", value, (q.shape[0], *v_cache.shape[2:]))
-    if slots.shape != (q.shape[0],) or slots.dtype not in reference.INDEX_DTYPES:
-        raise ValueError(f"{NAME}: slots has shape {tuple(slots.shape)} {slots.dtype}; expected "
-                         f"[{q.shape[0]}] int64 (one physical slot per query token)")
-    _write(k_cache, slots, key)
-    _write(v_cache, slots, value)
+    for name, t in (("pages", pages), ("offsets", offsets)):
+        if t.shape != (q.shape[0],) or t.dtype not in reference.INDEX_DTYPES:
+            raise ValueError(f"{NAME}: {name} has shape {tuple(t.shape)} {t.dtype}; expected "
+                             f"[{q.shape[0]}] int64 (one per query token)")
+    _write(k_cache, pages, offsets, key)
+    _write(v_cache, pages, offsets, value)
     return paged_attention(q, k_cache, v_cache, block_table, cu_q, seq_lens, scale=scale, window=window,
                            sinks=sinks, softcap=softcap, triton=triton)
 
 
-def _fake(q, key, value, k_cache, v_cache, slots, block_table, cu_q, seq_lens, sinks, scale, window, softcap,
-          triton) -> torch.Tensor:
+def _fake(q, key, value, k_cache, v_cache, pages, offsets, block_table, cu_q, seq_lens, sinks, scale, window,
+          softcap, triton) -> torch.Tensor:
     return q.new_empty(q.shape[0], q.shape[1], v_cache.shape[3])
 
 
@@ -100,8 +103,10 @@ def write_and_attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_
     Returns:
         `[T, Hq, Dv]` in q's dtype.
     Raises:
-        ValueError: key / value rows that differ from the slots, or what
-            `paged_attention`'s checks refuse.
+        ValueError: key, value or slots whose rows differ from the queries',
+            or what `paged_attention`'s checks refuse; nothing is written.
     """
-    return attention_op()(q, key, value, k_cache, v_cache, slots, block_table, cu_q, seq_lens, sinks,
-                          float(scale), window, None if softcap is None else float(softcap), triton)
+    ps = k_cache.shape[1]
+    pages = torch.div(slots, ps, rounding_mode="floor")
+    return attention_op()(q, key, value, k_cache, v_cache, pages, slots - pages * ps, block_table, cu_q, seq_lens,
+                          sinks, float(scale), window, None if softcap is None else float(softcap), triton)
