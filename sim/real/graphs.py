@@ -39,8 +39,9 @@ bucket runs the uncompiled forward instead: a failure never ends the run.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -246,47 +247,60 @@ class DecodeGraphs:
         forwards on a side stream, then the capture (the padding rows write
         only the sink, so warm-up and capture touch no live KV). With
         `compile`, the compiling forward comes first; a compiled forward
-        that does not capture is recorded and replaced by the uncompiled one."""
+        that fails to compile, warm up or capture is recorded and the
+        bucket falls back to the uncompiled one."""
         st = self._static(n)
         self._buckets[n] = st
         if not self.capture:
             self._compile(st, n)
             return st
-        self._warm_up(st, n)
+        if self._compiled is not None:
+            with self._side_stream():
+                self._compile(st, n)
+            if st.step is not decode_picks and self._capture_compiled(st, n):
+                return st
+        self._warm_up(st)
         try:
             self._capture(st)
-        except Exception as exc:
-            if st.step is decode_picks and not isinstance(exc, RuntimeError):
-                raise
-            if st.step is decode_picks:
-                # a forward that syncs or changes shape with the data (transformers'
-                # eager MoE loops over the experts hit) cannot be captured: this
-                # bucket runs its static buffers eagerly, and the stats say why
-                self.failures[n] = _first_line(exc)
-                return st
-            self.compile_failures[n] = f"capture: {_compile_error(exc)}"
-            st.step = decode_picks
-            self._warm_up(st)
-            try:
-                self._capture(st)
-            except RuntimeError as again:
-                self.failures[n] = _first_line(again)
+        except RuntimeError as exc:
+            # a forward that syncs or changes shape with the data (transformers'
+            # eager MoE loops over the experts hit) cannot be captured: this
+            # bucket runs its static buffers eagerly, and the stats say why
+            self.failures[n] = _first_line(exc)
         return st
 
-    def _warm_up(self, st: _Bucket, compile_bucket: int | None = None) -> None:
-        """Two forwards on a side stream (PyTorch's recipe before a capture);
-        with `compile_bucket`, the compiling forward first (`_compile`)."""
+    def _capture_compiled(self, st: _Bucket, n: int) -> bool:
+        """Warm up and capture the compiled forward; False (the error
+        recorded, the bucket's step the uncompiled one) when either fails."""
+        try:
+            self._warm_up(st)
+            self._capture(st)
+        except Exception as exc:  # any error of the compiled code: the uncompiled forward instead
+            self.compile_failures[n] = f"capture: {_compile_error(exc)}"
+            st.step = decode_picks
+            return False
+        return True
+
+    @contextlib.contextmanager
+    def _side_stream(self) -> Iterator[None]:
+        """Run the block on a side stream that waits for, and is waited on
+        by, the current one (PyTorch's recipe for work before a capture)."""
         import torch
 
+        main = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
+        side.wait_stream(main)
         with torch.cuda.stream(side):
-            if compile_bucket is not None:
-                self._compile(st, compile_bucket)
-            with torch.inference_mode():
-                for _ in range(2):
-                    self._forward(st)
-        torch.cuda.current_stream(self.device).wait_stream(side)
+            yield
+        main.wait_stream(side)
+
+    def _warm_up(self, st: _Bucket) -> None:
+        """Two forwards of the bucket's step on a side stream, before its capture."""
+        import torch
+
+        with self._side_stream(), torch.inference_mode():
+            for _ in range(2):
+                self._forward(st)
 
     def _capture(self, st: _Bucket) -> None:
         """Capture the bucket's forward (its step) as its graph."""

@@ -235,3 +235,30 @@ def test_a_compile_that_fails_is_recorded_and_the_bucket_runs_uncompiled(tiny):
 def test_a_compile_mode_that_captures_graphs_itself_is_refused():
     with pytest.raises(ValueError, match="compile_mode='reduce-overhead' captures CUDA graphs itself"):
         DecodeGraphs(None, None, ["full"], device="cpu", max_pages=4, compile=True, compile_mode="reduce-overhead")
+
+
+def test_a_compiled_forward_that_fails_to_capture_is_recorded_and_the_uncompiled_one_captured(tiny, monkeypatch):
+    """The capture path's fallback, on any device: the capture is stubbed
+    (it refuses the compiled forward, as a capture that hits a sync would,
+    and records the uncompiled one), the side stream is the current one."""
+    import contextlib
+
+    from unikv.sim.real import graphs as graphs_module
+
+    device, model, layers, prompts, want = tiny
+    captured = []
+
+    def capture(self, st):
+        if st.step is not graphs_module.decode_picks:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        captured.append(st.ids.shape[0])
+
+    monkeypatch.setattr(graphs_module.DecodeGraphs, "_capture", capture)
+    monkeypatch.setattr(graphs_module.DecodeGraphs, "_side_stream", lambda self: contextlib.nullcontext())
+    run = Decoding(model, layers, device, compile=True, compile_backend="aot_eager")
+    run.graphs.capture = True
+    run.graphs.capture_buckets(2)
+    stats = run.graphs.stats()
+    assert captured == [1, 2] and stats["compiled"] == [] and set(stats["compile_s"]) == {1, 2}
+    assert stats["compile_failures"] == {n: "capture: RuntimeError: operation not permitted when stream is capturing"
+                                         for n in (1, 2)}
