@@ -172,7 +172,9 @@ def kv_bytes_per_request(spec, context: int) -> int:
 
 
 def run_case(lm, spec, placed, kind: str, batch: int, context: int, steps: int, max_pages: int,
-             compile: bool = False):
+             compile_mode: str | None = None):
+    """One grid case; `compile_mode`: the decode forward through
+    `torch.compile` in that mode (None: uncompiled)."""
     import torch
     from unikv.sim.layouts import build_layout
     from unikv.sim.real.graphs import DecodeGraphs
@@ -194,7 +196,8 @@ def run_case(lm, spec, placed, kind: str, batch: int, context: int, steps: int, 
         case = Case(pool, views, spec, batch, context, DEVICE)
     except MemoryError:
         return {"status": f"skipped: the {kind} split cannot hold {batch} x {context} tokens"}
-    graphs = DecodeGraphs(lm, views, views.bands, device=DEVICE, max_pages=max_pages, compile=compile)
+    graphs = DecodeGraphs(lm, views, views.bands, device=DEVICE, max_pages=max_pages,
+                          compile=compile_mode is not None, compile_mode=compile_mode)
     whole, host, device = [], [], []
     cuda = DEVICE == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -242,7 +245,7 @@ def run_case(lm, spec, placed, kind: str, batch: int, context: int, steps: int, 
             "graph_ms": 1e3 * statistics.median(device), "roofline_ms": 1e3 * roof,
             "x_roofline": statistics.median(whole) / roof, "graph_x_roofline": statistics.median(device) / roof,
             "captured": bool(stats["captured"]), "compiled": bool(stats.get("compiled")),
-            "compile_s": sum(stats.get("compile_s", {}).values()) if compile else None,
+            "compile_s": sum(stats.get("compile_s", {}).values()) if compile_mode is not None else None,
             "compile_failure": "; ".join(stats.get("compile_failures", {}).values())[:300],
             "host_alloc_ms": 1e3 * statistics.median(case.alloc_s[-len(host):]),
             "tables_equal": equal, "picks_equal_eager": agree, "host_rebuild_ms": 1e3 * statistics.median(rebuild),
@@ -387,9 +390,10 @@ def main(argv=None) -> int:
     ap.add_argument("--context", nargs="*", type=int, default=[1024, 8192])
     ap.add_argument("--layouts", nargs="*", default=["end_end", "fixed_ratio"])
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--compile", action="store_true",
+    ap.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE",
                     help="each case also with the decode forward through torch.compile (DecodeGraphs(compile=True)), "
-                         "beside the uncompiled run")
+                         "beside the uncompiled run; MODE: torch.compile's mode (default, or "
+                         "max-autotune-no-cudagraphs: inductor tunes the matmuls, a longer compile)")
     ap.add_argument("--overlap", default=None, metavar="MODEL:BATCH:CONTEXT",
                     help="instead of the grid: lazy compaction during decode, moves on the forward's stream "
                          "against a side stream (run_overlap), with a profiler trace of one step")
@@ -427,12 +431,12 @@ def main(argv=None) -> int:
         for kind in args.layouts:
             for context in args.context:
                 for batch in args.batch:
-                    for compiled in (False, True) if args.compile else (False,):
+                    for compiled in (False, True) if args.compile is not None else (False,):
                         row = {"model": name, "layout": kind, "batch": batch, "context": context,
-                               "compile": compiled, "weight_bytes": spec.weight_bytes}
+                               "compile": args.compile if compiled else False, "weight_bytes": spec.weight_bytes}
                         try:
                             row.update(run_case(lm, spec, placed, kind, batch, context, args.steps, max_pages,
-                                                compile=compiled))
+                                                compile_mode=args.compile if compiled else None))
                         except Exception as exc:  # one case's failure is reported; the grid goes on
                             row["status"] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
                         finally:  # the case's pool, views and graphs go before the next is sized

@@ -1,27 +1,27 @@
 """One layer's K / V write and paged attention as one opaque torch operator.
 
 `write_and_attend(...)` splits the step's physical slots into pages and
-offsets (traced: in a compiled graph every layer of a band shares them, and
-AOTAutograd's CSE computes them once), then calls
+offsets (traced: in a compiled graph inductor folds the division into
+kernels the layer launches anyway), then calls
 `torch.ops.unikv.paged_attention_write`: it stores the new K / V rows at
 `cache[page, offset]` of the layer's caches, then runs `paged_attention`
-(the dispatcher of this package) over the layer's pages. Registered as a `torch.library.custom_op` with a fake
-(meta) implementation, so `torch.compile` traces it as one call whose
-output is `[T, Hq, Dv]` in q's dtype, and never traces into the checks
-(metadata only, as the launcher's), the write or the launcher (the Triton
-launch): they run when the operator runs, e.g. once while a CUDA graph
-captures the compiled step.
+(the dispatcher of this package) over the layer's pages. Registered as a
+`torch.library.custom_op` with a fake (meta) implementation, so
+`torch.compile` traces it as one call whose output is `[T, Hq, Dv]` in q's
+dtype, and never traces into the checks (metadata only, as the
+launcher's), the write or the launcher (the Triton launch): they run when
+the operator runs, e.g. once while a CUDA graph captures the compiled step.
 
 The operator declares no mutated argument although it writes `k_cache`
 and `v_cache`. Declared, AOTAutograd functionalises the write: every
 layer's cache is a view of the pool's one buffer, and mutated inputs that
-alias each other are merged into a synthetic base, which copies the caches
-(and, in a 4-layer check with torch 2.13's inductor, gave wrong results).
-Undeclared is exact here because no other operator of a decode graph reads
-or writes the caches: each layer's K / V is written and read inside its one
-call (vLLM's `unified_attention` keeps the KV cache outside the operator's
-arguments for the same reason). The operator's output is always used, so
-it is never dropped.
+alias each other are merged into a synthetic base (in a 4-layer check with
+torch 2.13, inductor's code then copied the views' shared storage every
+call). Undeclared is exact here because no other operator of a decode
+graph reads or writes the caches: each layer's K / V is written and read
+inside its one call (vLLM's `unified_attention` operators take no KV-cache
+argument at all: they find the layer's cache through their forward
+context). The operator's output is always used, so it is never dropped.
 
 Registration happens on the first call of `attention_op()` (no import-time
 side effect), which must come before dynamo traces a caller; importing this
