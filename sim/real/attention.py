@@ -70,8 +70,9 @@ class StepContext:
             Triton with `TRITON_INTERPRET=1`), False (the reference).
         opaque: write and attend through one torch operator
             (`unikv.kernels.attention.op.write_and_attend`), which
-            `torch.compile` keeps as one opaque call: the compiled decode
-            step (`sim.real.graphs.DecodeGraphs(compile=True)`).
+            `torch.compile` keeps as one opaque call, over the caches each
+            attention module carries (`unikv_cache`): the compiled decode
+            layers (`sim.real.graphs.CompiledLayers`).
     Raises:
         ValueError: a band without a table or slots, or shapes that
             disagree (checked on shapes only: no device read).
@@ -152,9 +153,8 @@ def unikv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
             shape the step's layout does not expect.
     """
     ctx = unikv_step if unikv_step is not None else current_step()
-    layer = module.layer_idx
     if not getattr(module, "is_causal", True):
-        raise ValueError(f"unikv attention: layer {layer} is bidirectional (is_causal=False); "
+        raise ValueError(f"unikv attention: layer {module.layer_idx} is bidirectional (is_causal=False); "
                          "expected a causal decoder layer")
     if dropout and module.training:
         raise ValueError(f"unikv attention: dropout={dropout} in training; the pool serves inference")
@@ -163,23 +163,36 @@ def unikv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         want = "[1, T]" if ctx.layout == "packed" else "[B, 1]"
         raise ValueError(f"unikv attention: input batch [{b}, {s}] for layout={ctx.layout!r}; "
                          f"expected {want}")
-    band = ctx.views.band(layer)
     tokens = b * s
     q = query.transpose(1, 2).reshape(tokens, hq, dk)
     if key.shape[2] != s:  # a cache passed to the forward (a hybrid's) prepended its past K/V
         key, value = key[:, :, -s:], value[:, :, -s:]
     scale = scaling if scaling is not None else module.head_dim ** -0.5
     if ctx.opaque:
-        out = write_and_attend(q, _tokens(key), _tokens(value), ctx.views.k(layer), ctx.views.v(layer),
-                               ctx.write_slots[band], ctx.block_tables[band], ctx.cu_q, ctx.seq_lens,
-                               scale=scale, window=sliding_window, sinks=s_aux, softcap=softcap,
-                               triton=ctx.triton)
+        out = _opaque(module, ctx, q, _tokens(key), _tokens(value), scale, sliding_window, s_aux, softcap)
         return out.reshape(b, s, hq, -1), None
+    layer = module.layer_idx
+    band = ctx.views.band(layer)
     ctx.views.write(layer, ctx.write_slots[band], _tokens(key), _tokens(value))
     out = paged_attention(q, ctx.views.k(layer), ctx.views.v(layer), ctx.block_tables[band],
                           ctx.cu_q, ctx.seq_lens, scale=scale, window=sliding_window,
                           sinks=s_aux, softcap=softcap, triton=ctx.triton)
     return out.reshape(b, s, hq, -1), None
+
+
+def _opaque(module: torch.nn.Module, ctx: StepContext, q, key, value, scale, window, sinks, softcap):
+    """The write and the attention as one operator, over the caches the
+    module carries (`unikv_cache`: K view, V view, band; set by
+    `sim.real.graphs.CompiledLayers`), never its layer index: a compiled
+    graph then holds nothing layer-specific, and layers share it."""
+    cache = getattr(module, "unikv_cache", None)
+    if cache is None:
+        raise ValueError(f"unikv attention: StepContext(opaque=True) and layer {module.layer_idx}'s module has "
+                         "no unikv_cache (K view, V view, band); expected CompiledLayers.active around the forward")
+    k_cache, v_cache, band = cache
+    return write_and_attend(q, key, value, k_cache, v_cache, ctx.write_slots[band], ctx.block_tables[band],
+                            ctx.cu_q, ctx.seq_lens, scale=scale, window=window, sinks=sinks, softcap=softcap,
+                            triton=ctx.triton)
 
 
 def _tokens(x: torch.Tensor) -> torch.Tensor:

@@ -20,19 +20,22 @@ Without `capture` (the CPU) the same static buffers run eagerly: the
 padding and bucketing are the same, only the capture is skipped; the CPU
 tests hold that path's tokens equal to the eager executor's.
 
-With `compile`, the model call (`decode_picks`: the forward and the greedy
-pick; the translation before it stays eager) goes through `torch.compile`
-(inductor's default mode, no CUDA graphs of its own, `fullgraph=True`), so
-inductor fuses the layers' elementwise work (norms, rotary, activations,
-residual adds, casts) between the matmuls. The attention layers write and
-attend through one opaque operator (`StepContext(opaque=True)`,
-`unikv.kernels.attention.op`), passed the step as a keyword (dynamo does not
-trace `ContextVar.get`). The bucket's first forward compiles it, then the
+With `compile`, each decoder layer runs through `torch.compile` (inductor's
+default mode, no CUDA graphs of its own, `fullgraph=True`; `CompiledLayers`),
+so inductor fuses the layer's elementwise work (norms, rotary, activations,
+residual adds, casts) between its matmuls; the embedding, the rotary
+tables, the final norm, the head and the pick stay eager. The attention
+writes and attends through one opaque operator (`StepContext(opaque=True)`,
+`unikv.kernels.attention.op`), given the step as a keyword (dynamo does not
+trace `ContextVar.get`) and its layer's caches as attributes of its module,
+so nothing layer-specific is a constant of the graph: every layer of a kind
+(Gemma-3: window, full) shares one compiled graph, and the compile time is
+that of one or two layers, not of the model (a whole-model compile of
+Gemma-3-12B took minutes). The bucket's first forward compiles, then the
 capture records the compiled kernels. Bucket 1 is compiled for its static
 shapes; the batch dimension of the larger buckets and the page count of
 the pool's caches are marked dynamic, so every bucket of 2 and more, and
-every pool the same model runs on, share one artefact (dynamo keys its
-cache on `decode_picks`' code, not on the `DecodeGraphs`). A compile or a
+every pool the same model runs on, share the same graphs. A compile or a
 capture of the compiled forward that fails is recorded (`stats()`) and the
 bucket runs the uncompiled forward instead: a failure never ends the run.
 """
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +64,78 @@ def decode_picks(model, ids, pos, ctx) -> Any:
     return logits[:, -1].argmax(-1)
 
 
+class CompiledLayers:
+    """A model's decoder layers through `torch.compile`, swapped in for the
+    duration of `active(...)`: one compiled forward per layer class.
+
+    Layers of a class share its compiled graphs because nothing
+    layer-specific is a constant in them: the parameters are graph inputs
+    (dynamo inlines the modules), and so are the layer's cache views, set
+    for the block as the attention module's `unikv_cache` (K view, V view,
+    band), which the attention function reads instead of the layer index.
+    Layers whose attributes differ (Gemma-3's window and full layers) make
+    one graph each.
+
+    Args:
+        model: a transformers causal LM (`get_decoder().layers`, each layer's
+            attention module `self_attn` with its `layer_idx`).
+        backend, mode: `torch.compile`'s.
+    Raises:
+        ValueError: a model without such layers.
+    """
+
+    def __init__(self, model, *, backend: Any, mode: str | None) -> None:
+        import torch
+
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+        layers = tuple(getattr(decoder, "layers", None) or ())
+        if not layers or not all(hasattr(getattr(x, "self_attn", None), "layer_idx") for x in layers):
+            raise ValueError(f"CompiledLayers: {type(model).__name__} has no decoder layers with a self_attn "
+                             "module (get_decoder().layers[i].self_attn.layer_idx)")
+        self.layers = layers
+        self.compiled = {cls: torch.compile(cls.forward, backend=backend, mode=mode, fullgraph=True)
+                         for cls in {type(x) for x in layers}}
+
+    @contextlib.contextmanager
+    def active(self, views, batch: int) -> Iterator[None]:
+        """Run the layers compiled over `views`' caches for the block;
+        `batch` > 1: the inputs' leading dimension is marked dynamic."""
+        try:
+            for layer in self.layers:
+                i = layer.self_attn.layer_idx
+                layer.self_attn.unikv_cache = (views.k(i), views.v(i), views.band(i))
+                layer.forward = types.MethodType(self._forward(type(layer), batch), layer)
+            yield
+        finally:  # the model as it was: no reference to this pool's views is kept
+            for layer in self.layers:
+                layer.__dict__.pop("forward", None)
+                layer.self_attn.__dict__.pop("unikv_cache", None)
+
+    def _forward(self, cls: type, batch: int) -> Callable:
+        import torch
+
+        compiled = self.compiled[cls]
+
+        def forward(layer, *args, **kwargs):
+            if batch > 1:  # hidden states, positions, rotary tables: [batch, ...]
+                for t in _tensors(args, kwargs):
+                    if t.dim() and t.shape[0] == batch:
+                        torch._dynamo.maybe_mark_dynamic(t, 0)
+            return compiled(layer, *args, **kwargs)
+
+        return forward
+
+
+def _tensors(args: tuple, kwargs: dict) -> Iterator[Any]:
+    """The tensors among `args` and `kwargs`' values, one tuple level deep."""
+    import torch
+
+    for x in (*args, *kwargs.values()):
+        for t in x if isinstance(x, (tuple, list)) else (x,):
+            if isinstance(t, torch.Tensor):
+                yield t
+
+
 @dataclass
 class _Bucket:
     """One bucket's static buffers (and, once captured, its graph and output)."""
@@ -72,7 +148,7 @@ class _Bucket:
     vids: Any  # [n] int64 virtual token ids written
     graph: Any = None
     out: Any = None
-    step: Callable | None = None  # decode_picks, compiled or not
+    compiled: bool = False  # its forward runs the compiled layers
     steps: int = field(default=0)
     filled: tuple[int, int] = (0, 0)  # rows and columns the last fill wrote (the rest is padding)
 
@@ -112,23 +188,34 @@ class DecodeGraphs:
         self.buckets = tuple(sorted(buckets))
         self.capture = str(device).startswith("cuda") if capture is None else capture
         self.compile = bool(compile)
-        self._compiled: Callable | None = None
-        if self.compile:
-            import torch
-
-            from unikv.kernels.attention.op import attention_op
-
-            attention_op()  # registered before dynamo traces a call of it
-            for layer, spec in views.layers.items():  # the pool's size is no part of the artefact
-                if spec.kind == "kv":
-                    torch._dynamo.maybe_mark_dynamic(views.k(layer), 0)
-                    torch._dynamo.maybe_mark_dynamic(views.v(layer), 0)
-            self._compiled = torch.compile(decode_picks, backend=compile_backend, mode=compile_mode,
-                                           fullgraph=True)
         self._buckets: dict[int, _Bucket] = {}
         self.failures: dict[int, str] = {}  # bucket -> why its capture failed
         self.compile_failures: dict[int, str] = {}  # bucket -> why its compile (or compiled capture) failed
         self.compile_s: dict[int, float] = {}  # bucket -> seconds of its first (compiling) forward
+        self._layers: CompiledLayers | None = None
+        self._refused: str | None = None  # why the model cannot be compiled at all
+        if self.compile:
+            self._prepare_compile(compile_backend, compile_mode)
+
+    def _prepare_compile(self, backend: Any, mode: str | None) -> None:
+        """The compiled layers, the operator registered (dynamo cannot trace
+        the registration) and the caches' page count marked dynamic (the
+        pool's size is no part of the graphs); a model that cannot be
+        compiled is recorded, and every bucket then runs uncompiled."""
+        import torch
+
+        from unikv.kernels.attention.op import attention_op
+
+        attention_op()
+        try:
+            self._layers = CompiledLayers(self.model, backend=backend, mode=mode)
+        except ValueError as exc:
+            self._refused = f"ValueError: {exc}"
+            return
+        for layer, spec in self.views.layers.items():
+            if spec.kind == "kv":
+                torch._dynamo.maybe_mark_dynamic(self.views.k(layer), 0)
+                torch._dynamo.maybe_mark_dynamic(self.views.v(layer), 0)
 
     def bucket(self, batch_size: int) -> int | None:
         """The smallest bucket holding `batch_size` requests (None: none does)."""
@@ -196,33 +283,38 @@ class DecodeGraphs:
             st.rows[:min(b, live_b), width:live_w].zero_()
         st.filled = (b, width)
 
-    def _forward(self, st: _Bucket, step: Callable | None = None) -> Any:
+    def _forward(self, st: _Bucket, compiled: bool | None = None) -> Any:
+        """The bucket's forward over its buffers: the compiled layers when
+        `compiled` (default: the bucket's own choice, `st.compiled`)."""
         from unikv.sim.real.attention import StepContext
 
-        step = step or st.step or decode_picks
+        compiled = st.compiled if compiled is None else compiled
         # inside the capture: the pool's device tables are read at replay time (committed by the batch build)
         tables = {band: self.views.translate_pages(st.rows, band) for band in self.bands}
         slots = {band: self.views.translate_slots(st.vids, band) for band in self.bands}
         ctx = StepContext(views=self.views, block_tables=tables, cu_q=st.cu_q, seq_lens=st.seq_lens,
-                          write_slots=slots, layout="padded", opaque=step is not decode_picks)
-        if step is decode_picks:
-            return step(self.model, st.ids, st.pos, ctx)
+                          write_slots=slots, layout="padded", opaque=compiled)
+        if not compiled or self._layers is None:
+            return decode_picks(self.model, st.ids, st.pos, ctx)
         import torch
 
-        if st.ids.shape[0] > 1:  # the translated tables and slots: as the bucket's buffers (`_compile`)
+        n = st.ids.shape[0]
+        if n > 1:  # the translated tables and slots: as the bucket's buffers (`_compile`)
             for t in (*tables.values(), *slots.values()):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
-        # inference mode always: the artefact was compiled under it (another grad mode would recompile)
-        with torch.inference_mode(), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT,
-                                                                fail_on_recompile_limit_hit=True):
-            return step(self.model, st.ids, st.pos, ctx)
+        # inference mode always: the graphs were compiled under it (another grad mode would recompile)
+        with torch.inference_mode(), self._layers.active(self.views, n), torch._dynamo.config.patch(
+                recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
+            return decode_picks(self.model, st.ids, st.pos, ctx)
 
     def _compile(self, st: _Bucket, n: int) -> None:
         """The bucket's step: compiled when the first forward through
         `torch.compile` succeeds (timed: `compile_s`), else the uncompiled
         one, the error recorded (`compile_failures`)."""
-        st.step = decode_picks
-        if self._compiled is None:
+        if not self.compile:
+            return
+        if self._layers is None:
+            self.compile_failures[n] = self._refused or "no compiled layers"
             return
         import torch
 
@@ -233,14 +325,14 @@ class DecodeGraphs:
         t0 = time.perf_counter()
         try:
             with torch.inference_mode():
-                self._forward(st, self._compiled)
+                self._forward(st, compiled=True)
             if cuda:
                 torch.cuda.synchronize(self.device)
         except Exception as exc:  # any compiler error: this bucket runs uncompiled, the stats say why
             self.compile_failures[n] = _compile_error(exc)
             return
         self.compile_s[n] = time.perf_counter() - t0
-        st.step = self._compiled
+        st.compiled = True
 
     def _build(self, n: int) -> _Bucket:
         """The bucket's buffers and, with `capture`, its graph: two warm-up
@@ -254,10 +346,10 @@ class DecodeGraphs:
         if not self.capture:
             self._compile(st, n)
             return st
-        if self._compiled is not None:
+        if self.compile:
             with self._side_stream():
                 self._compile(st, n)
-            if st.step is not decode_picks and self._capture_compiled(st, n):
+            if st.compiled and self._capture_compiled(st, n):
                 return st
         self._warm_up(st)
         try:
@@ -277,7 +369,7 @@ class DecodeGraphs:
             self._capture(st)
         except Exception as exc:  # any error of the compiled code: the uncompiled forward instead
             self.compile_failures[n] = f"capture: {_compile_error(exc)}"
-            st.step = decode_picks
+            st.compiled = False
             return False
         return True
 
@@ -320,7 +412,7 @@ class DecodeGraphs:
                "captured": sorted(n for n, b in self._buckets.items() if b.graph is not None),
                "failures": dict(self.failures)}
         if self.compile:
-            out.update(compiled=sorted(n for n, b in self._buckets.items() if b.step is self._compiled),
+            out.update(compiled=sorted(n for n, b in self._buckets.items() if b.compiled),
                        compile_s=dict(self.compile_s), compile_failures=dict(self.compile_failures))
         return out
 

@@ -195,7 +195,8 @@ def test_decode_steps_give_transformers_greedy_tokens_compiled_or_not(tiny, opti
     transformers' greedy run with its own cache, compiled (dynamo +
     AOTAutograd, with and without inductor's code) or not; on CUDA every
     bucket is captured as a graph (of the compiled forward, with compile).
-    Two artefacts serve every bucket and both pools."""
+    Four compiled graphs (two layer kinds, two shape classes) serve every
+    layer, bucket and pool."""
     from torch._dynamo.utils import counters
 
     device, model, layers, prompts, want = tiny
@@ -212,8 +213,11 @@ def test_decode_steps_give_transformers_greedy_tokens_compiled_or_not(tiny, opti
             assert stats["compile_failures"] == {} and stats["compiled"] == [1, 2, 4]
             assert set(stats["compile_s"]) == {1, 2, 4}
         assert run.pool.verify() == []
-    # compiled: bucket 4 (dynamic batch), bucket 1 (static); bucket 2 and the second pool reuse them
-    assert compiled == ([2, 0] if options else [0, 0])
+        for layer in model.model.layers:  # the model as it was: no compiled forward, no reference to the pool
+            assert "forward" not in vars(layer) and not hasattr(layer.self_attn, "unikv_cache")
+    # compiled: one graph per layer kind (window, full) for bucket 4 (dynamic batch) and bucket 1
+    # (static); the second window layer, bucket 2 and the second pool reuse them
+    assert compiled == ([4, 0] if options else [0, 0])
 
 
 def test_a_compile_that_fails_is_recorded_and_the_bucket_runs_uncompiled(tiny):
@@ -249,7 +253,7 @@ def test_a_compiled_forward_that_fails_to_capture_is_recorded_and_the_uncompiled
     captured = []
 
     def capture(self, st):
-        if st.step is not graphs_module.decode_picks:
+        if st.compiled:
             raise RuntimeError("operation not permitted when stream is capturing")
         captured.append(st.ids.shape[0])
 
@@ -261,4 +265,15 @@ def test_a_compiled_forward_that_fails_to_capture_is_recorded_and_the_uncompiled
     stats = run.graphs.stats()
     assert captured == [1, 2] and stats["compiled"] == [] and set(stats["compile_s"]) == {1, 2}
     assert stats["compile_failures"] == {n: "capture: RuntimeError: operation not permitted when stream is capturing"
+                                         for n in (1, 2)}
+
+
+def test_a_model_without_decoder_layers_is_recorded_and_runs_uncompiled():
+    graphs = DecodeGraphs(torch.nn.Linear(2, 2), None, ["full"], device="cpu", max_pages=4, capture=False,
+                          compile=True)
+    graphs.capture_buckets(2)
+    stats = graphs.stats()
+    assert stats["compiled"] == [] and stats["compile_s"] == {}
+    assert stats["compile_failures"] == {n: "ValueError: CompiledLayers: Linear has no decoder layers with a "
+                                            "self_attn module (get_decoder().layers[i].self_attn.layer_idx)"
                                          for n in (1, 2)}
