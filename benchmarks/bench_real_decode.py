@@ -171,7 +171,10 @@ def kv_bytes_per_request(spec, context: int) -> int:
     return context * spec.full_token_bytes + window * spec.swa_token_bytes
 
 
-def run_case(lm, spec, placed, kind: str, batch: int, context: int, steps: int, max_pages: int):
+def run_case(lm, spec, placed, kind: str, batch: int, context: int, steps: int, max_pages: int,
+             compile_mode: str | None = None):
+    """One grid case; `compile_mode`: the decode forward through
+    `torch.compile` in that mode (None: uncompiled)."""
     import torch
     from unikv.sim.layouts import build_layout
     from unikv.sim.real.graphs import DecodeGraphs
@@ -193,7 +196,8 @@ def run_case(lm, spec, placed, kind: str, batch: int, context: int, steps: int, 
         case = Case(pool, views, spec, batch, context, DEVICE)
     except MemoryError:
         return {"status": f"skipped: the {kind} split cannot hold {batch} x {context} tokens"}
-    graphs = DecodeGraphs(lm, views, views.bands, device=DEVICE, max_pages=max_pages)
+    graphs = DecodeGraphs(lm, views, views.bands, device=DEVICE, max_pages=max_pages,
+                          compile=compile_mode is not None, compile_mode=compile_mode)
     whole, host, device = [], [], []
     cuda = DEVICE == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -214,7 +218,7 @@ def run_case(lm, spec, placed, kind: str, batch: int, context: int, steps: int, 
             t2 = time.perf_counter()
             if picks is None:
                 return {"status": "skipped: no graph bucket fits"}
-            if i >= 3:  # the first steps capture the bucket's graph
+            if i >= 3:  # the first steps compile and capture the bucket's graph
                 whole.append(t2 - t0)
                 host.append(t1 - t0)
                 device.append(start.elapsed_time(stop) / 1e3 if cuda else t2 - t1)
@@ -239,7 +243,10 @@ def run_case(lm, spec, placed, kind: str, batch: int, context: int, steps: int, 
         torch.cuda.empty_cache()
     return {"status": "ok", "step_ms": 1e3 * statistics.median(whole), "host_ms": 1e3 * statistics.median(host),
             "graph_ms": 1e3 * statistics.median(device), "roofline_ms": 1e3 * roof,
-            "x_roofline": statistics.median(whole) / roof, "captured": bool(stats["captured"]),
+            "x_roofline": statistics.median(whole) / roof, "graph_x_roofline": statistics.median(device) / roof,
+            "captured": bool(stats["captured"]), "compiled": bool(stats.get("compiled")),
+            "compile_s": sum(stats.get("compile_s", {}).values()) if compile_mode is not None else None,
+            "compile_failure": "; ".join(stats.get("compile_failures", {}).values())[:300],
             "host_alloc_ms": 1e3 * statistics.median(case.alloc_s[-len(host):]),
             "tables_equal": equal, "picks_equal_eager": agree, "host_rebuild_ms": 1e3 * statistics.median(rebuild),
             "host_ms_p90": 1e3 * sorted(host)[int(0.9 * (len(host) - 1))],
@@ -383,6 +390,10 @@ def main(argv=None) -> int:
     ap.add_argument("--context", nargs="*", type=int, default=[1024, 8192])
     ap.add_argument("--layouts", nargs="*", default=["end_end", "fixed_ratio"])
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE",
+                    help="each case also with the decode forward through torch.compile (DecodeGraphs(compile=True)), "
+                         "beside the uncompiled run; MODE: torch.compile's mode (default, or "
+                         "max-autotune-no-cudagraphs: inductor tunes the matmuls, a longer compile)")
     ap.add_argument("--overlap", default=None, metavar="MODEL:BATCH:CONTEXT",
                     help="instead of the grid: lazy compaction during decode, moves on the forward's stream "
                          "against a side stream (run_overlap), with a profiler trace of one step")
@@ -420,23 +431,49 @@ def main(argv=None) -> int:
         for kind in args.layouts:
             for context in args.context:
                 for batch in args.batch:
-                    row = {"model": name, "layout": kind, "batch": batch, "context": context,
-                           "weight_bytes": spec.weight_bytes}
-                    try:
-                        row.update(run_case(lm, spec, placed, kind, batch, context, args.steps, max_pages))
-                    except Exception as exc:  # one case's failure is reported; the grid goes on
-                        row["status"] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                    finally:  # the case's pool, views and graphs go before the next is sized
-                        gc.collect()
-                        if DEVICE == "cuda":
-                            torch.cuda.empty_cache()
-                    rows.append(row)
-                    print(row, flush=True)
+                    for compiled in (False, True) if args.compile is not None else (False,):
+                        row = {"model": name, "layout": kind, "batch": batch, "context": context,
+                               "compile": args.compile if compiled else False, "weight_bytes": spec.weight_bytes}
+                        try:
+                            row.update(run_case(lm, spec, placed, kind, batch, context, args.steps, max_pages,
+                                                compile_mode=args.compile if compiled else None))
+                        except Exception as exc:  # one case's failure is reported; the grid goes on
+                            row["status"] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                        finally:  # the case's pool, views and graphs go before the next is sized
+                            gc.collect()
+                            if DEVICE == "cuda":
+                                torch.cuda.empty_cache()
+                        rows.append(row)
+                        print(row, flush=True)
         del lm
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
     write_rows(rows, out)
+    print(summary(rows))
     return 0
+
+
+def summary(rows: list[dict]) -> str:
+    """The grid as a table: step, host and graph-replay time, the step and
+    the replay against the roofline, compile seconds, and each unified
+    (`end_end`) step against the static split's (`fixed_ratio`) of the same
+    case and compile setting."""
+    static = {(r["model"], r["batch"], r["context"], r.get("compile")): r["step_ms"] for r in rows
+              if r.get("layout") == "fixed_ratio" and r.get("status") == "ok"}
+    lines = ["model layout batch context compile | step_ms host_ms graph_ms | x_roof graph_x_roof | compile_s "
+             "| vs_static"]
+    for r in rows:
+        if r.get("status") != "ok":
+            lines.append(f"{r['model']} {r['layout']} {r['batch']} {r['context']} {r.get('compile')} | {r['status']}")
+            continue
+        base = static.get((r["model"], r["batch"], r["context"], r.get("compile")))
+        vs = f"{100 * (r['step_ms'] / base - 1):+.2f} %" if base and r["layout"] == "end_end" else "-"
+        comp = f"{r['compile_s']:.1f}" if r.get("compile_s") is not None else "-"
+        fail = f" compile failed: {r['compile_failure']}" if r.get("compile_failure") else ""
+        lines.append(f"{r['model']} {r['layout']} {r['batch']} {r['context']} {r.get('compile')} | "
+                     f"{r['step_ms']:.2f} {r['host_ms']:.2f} {r['graph_ms']:.2f} | {r['x_roofline']:.2f} "
+                     f"{r['graph_x_roofline']:.2f} | {comp} | {vs}{fail}")
+    return "\n".join(lines)
 
 
 def write_rows(rows: list[dict], out: Path) -> None:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from unikv.kernels.attention import paged_attention
+from unikv.kernels.attention.op import write_and_attend
 from unikv.tensors import KVViews
 
 NAME = "unikv"
@@ -67,6 +68,11 @@ class StepContext:
             tensors, else the torch reference), True (the kernel; on CPU
             tensors through Triton's interpreter when the process imported
             Triton with `TRITON_INTERPRET=1`), False (the reference).
+        opaque: write and attend through one torch operator
+            (`unikv.kernels.attention.op.write_and_attend`), which
+            `torch.compile` keeps as one opaque call, over the caches each
+            attention module carries (`unikv_cache`): the compiled decode
+            layers (`sim.real.graphs.CompiledLayers`).
     Raises:
         ValueError: a band without a table or slots, or shapes that
             disagree (checked on shapes only: no device read).
@@ -79,6 +85,7 @@ class StepContext:
     write_slots: Mapping[str, torch.Tensor]
     layout: str = "packed"
     triton: bool | None = None
+    opaque: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -126,7 +133,7 @@ def unikv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
                     attention_mask: torch.Tensor | None, scaling: float | None = None,
                     dropout: float = 0.0, sliding_window: int | None = None,
                     softcap: float | None = None, s_aux: torch.Tensor | None = None,
-                    **kwargs) -> tuple[torch.Tensor, None]:
+                    unikv_step: StepContext | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract, over the pool.
 
     Args:
@@ -134,6 +141,10 @@ def unikv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
             (packed: B = 1, S = T; padded: S = 1, B = the requests).
         attention_mask: ignored (the kernel masks by position).
         scaling, sliding_window, softcap, s_aux: as the model passes them.
+        unikv_step: the step, passed to the model's forward as a keyword
+            (transformers hands its forward's keywords to the attention
+            function); None: the step `use_step` set. The keyword is what
+            a compiled forward uses: dynamo does not trace `ContextVar.get`.
     Returns:
         `([B, S, Hq, Dv], None)` in the query's dtype (no attention weights).
     Raises:
@@ -141,10 +152,9 @@ def unikv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         ValueError: a non-causal layer, dropout in training, or a batch
             shape the step's layout does not expect.
     """
-    ctx = current_step()
-    layer = module.layer_idx
+    ctx = unikv_step if unikv_step is not None else current_step()
     if not getattr(module, "is_causal", True):
-        raise ValueError(f"unikv attention: layer {layer} is bidirectional (is_causal=False); "
+        raise ValueError(f"unikv attention: layer {module.layer_idx} is bidirectional (is_causal=False); "
                          "expected a causal decoder layer")
     if dropout and module.training:
         raise ValueError(f"unikv attention: dropout={dropout} in training; the pool serves inference")
@@ -153,17 +163,36 @@ def unikv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         want = "[1, T]" if ctx.layout == "packed" else "[B, 1]"
         raise ValueError(f"unikv attention: input batch [{b}, {s}] for layout={ctx.layout!r}; "
                          f"expected {want}")
-    band = ctx.views.band(layer)
     tokens = b * s
     q = query.transpose(1, 2).reshape(tokens, hq, dk)
     if key.shape[2] != s:  # a cache passed to the forward (a hybrid's) prepended its past K/V
         key, value = key[:, :, -s:], value[:, :, -s:]
-    ctx.views.write(layer, ctx.write_slots[band], _tokens(key), _tokens(value))
     scale = scaling if scaling is not None else module.head_dim ** -0.5
+    if ctx.opaque:
+        out = _opaque(module, ctx, q, _tokens(key), _tokens(value), scale, sliding_window, s_aux, softcap)
+        return out.reshape(b, s, hq, -1), None
+    layer = module.layer_idx
+    band = ctx.views.band(layer)
+    ctx.views.write(layer, ctx.write_slots[band], _tokens(key), _tokens(value))
     out = paged_attention(q, ctx.views.k(layer), ctx.views.v(layer), ctx.block_tables[band],
                           ctx.cu_q, ctx.seq_lens, scale=scale, window=sliding_window,
                           sinks=s_aux, softcap=softcap, triton=ctx.triton)
     return out.reshape(b, s, hq, -1), None
+
+
+def _opaque(module: torch.nn.Module, ctx: StepContext, q, key, value, scale, window, sinks, softcap):
+    """The write and the attention as one operator, over the caches the
+    module carries (`unikv_cache`: K view, V view, band; set by
+    `sim.real.graphs.CompiledLayers`), never its layer index: a compiled
+    graph then holds nothing layer-specific, and layers share it."""
+    cache = getattr(module, "unikv_cache", None)
+    if cache is None:
+        raise ValueError(f"unikv attention: StepContext(opaque=True) and layer {module.layer_idx}'s module has "
+                         "no unikv_cache (K view, V view, band); expected CompiledLayers.active around the forward")
+    k_cache, v_cache, band = cache
+    return write_and_attend(q, key, value, k_cache, v_cache, ctx.write_slots[band], ctx.block_tables[band],
+                            ctx.cu_q, ctx.seq_lens, scale=scale, window=window, sinks=sinks, softcap=softcap,
+                            triton=ctx.triton)
 
 
 def _tokens(x: torch.Tensor) -> torch.Tensor:

@@ -19,15 +19,121 @@ wide so that one capture serves every length.
 Without `capture` (the CPU) the same static buffers run eagerly: the
 padding and bucketing are the same, only the capture is skipped; the CPU
 tests hold that path's tokens equal to the eager executor's.
+
+With `compile`, each decoder layer runs through `torch.compile` (inductor's
+default mode, no CUDA graphs of its own, `fullgraph=True`; `CompiledLayers`),
+so inductor fuses the layer's elementwise work (norms, rotary, activations,
+residual adds, casts) between its matmuls; the embedding, the rotary
+tables, the final norm, the head and the pick stay eager. The attention
+writes and attends through one opaque operator (`StepContext(opaque=True)`,
+`unikv.kernels.attention.op`), given the step as a keyword (dynamo does not
+trace `ContextVar.get`) and its layer's caches as attributes of its module,
+so nothing layer-specific is a constant of the graph: every layer of a kind
+(Gemma-3: window, full) shares one compiled graph, and the compile time is
+that of one or two layers, not of the model (a whole-model compile of
+Gemma-3-12B took minutes). The bucket's first forward compiles, then the
+capture records the compiled kernels. Bucket 1 is compiled for its static
+shapes; the batch dimension of the larger buckets and the page count of
+the pool's caches are marked dynamic, so every bucket of 2 and more, and
+every pool the same model runs on, share the same graphs. A compile or a
+capture of the compiled forward that fails is recorded (`stats()`) and the
+bucket runs the uncompiled forward instead: a failure never ends the run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import time
+import types
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# dynamo compiles one artefact per bucket shape it has not seen (and per
+# model, pool shape): more than its default 8 per function in a long run;
+# past the limit it would run the function uncompiled without an error
+RECOMPILE_LIMIT = 64
+
+
+def decode_picks(model, ids, pos, ctx) -> Any:
+    """Greedy next token `[n]` of each row of a padded decode step: the
+    model's forward over `ids` / `pos` `[n, 1]`, its attention reading the
+    step `ctx` (a `StepContext`, passed as the forward's keyword)."""
+    logits = model(input_ids=ids, position_ids=pos, use_cache=False, unikv_step=ctx).logits
+    return logits[:, -1].argmax(-1)
+
+
+class CompiledLayers:
+    """A model's decoder layers through `torch.compile`, swapped in for the
+    duration of `active(...)`: one compiled forward per layer class.
+
+    Layers of a class share its compiled graphs because nothing
+    layer-specific is a constant in them: the parameters are graph inputs
+    (dynamo inlines the modules), and so are the layer's cache views, set
+    for the block as the attention module's `unikv_cache` (K view, V view,
+    band), which the attention function reads instead of the layer index.
+    Layers whose attributes differ (Gemma-3's window and full layers) make
+    one graph each.
+
+    Args:
+        model: a transformers causal LM (`get_decoder().layers`, each layer's
+            attention module `self_attn` with its `layer_idx`).
+        backend, mode: `torch.compile`'s.
+    Raises:
+        ValueError: a model without such layers.
+    """
+
+    def __init__(self, model, *, backend: Any, mode: str | None) -> None:
+        import torch
+
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+        layers = tuple(getattr(decoder, "layers", None) or ())
+        if not layers or not all(hasattr(getattr(x, "self_attn", None), "layer_idx") for x in layers):
+            raise ValueError(f"CompiledLayers: {type(model).__name__} has no decoder layers with a self_attn "
+                             "module (get_decoder().layers[i].self_attn.layer_idx)")
+        self.layers = layers
+        self.compiled = {cls: torch.compile(cls.forward, backend=backend, mode=mode, fullgraph=True)
+                         for cls in {type(x) for x in layers}}
+
+    @contextlib.contextmanager
+    def active(self, views, batch: int) -> Iterator[None]:
+        """Run the layers compiled over `views`' caches for the block;
+        `batch` > 1: the inputs' leading dimension is marked dynamic."""
+        try:
+            for layer in self.layers:
+                i = layer.self_attn.layer_idx
+                layer.self_attn.unikv_cache = (views.k(i), views.v(i), views.band(i))
+                layer.forward = types.MethodType(self._forward(type(layer), batch), layer)
+            yield
+        finally:  # the model as it was: no reference to this pool's views is kept
+            for layer in self.layers:
+                layer.__dict__.pop("forward", None)
+                layer.self_attn.__dict__.pop("unikv_cache", None)
+
+    def _forward(self, cls: type, batch: int) -> Callable:
+        import torch
+
+        compiled = self.compiled[cls]
+
+        def forward(layer, *args, **kwargs):
+            if batch > 1:  # hidden states, positions, rotary tables: [batch, ...]
+                for t in _tensors(args, kwargs):
+                    if t.dim() and t.shape[0] == batch:
+                        torch._dynamo.maybe_mark_dynamic(t, 0)
+            return compiled(layer, *args, **kwargs)
+
+        return forward
+
+
+def _tensors(args: tuple, kwargs: dict) -> Iterator[Any]:
+    """The tensors among `args` and `kwargs`' values, one tuple level deep."""
+    import torch
+
+    for x in (*args, *kwargs.values()):
+        for t in x if isinstance(x, (tuple, list)) else (x,):
+            if isinstance(t, torch.Tensor):
+                yield t
 
 
 @dataclass
@@ -42,6 +148,7 @@ class _Bucket:
     vids: Any  # [n] int64 virtual token ids written
     graph: Any = None
     out: Any = None
+    compiled: bool = False  # its forward runs the compiled layers
     steps: int = field(default=0)
     filled: tuple[int, int] = (0, 0)  # rows and columns the last fill wrote (the rest is padding)
 
@@ -57,10 +164,22 @@ class DecodeGraphs:
         max_pages: the block tables' width (the most pages one request holds).
         buckets: batch sizes a step is padded up to; a larger step runs eagerly.
         capture: capture CUDA graphs (default: on a CUDA device).
+        compile: run the forward through `torch.compile` (see the module
+            docstring); off by default.
+        compile_backend, compile_mode: `torch.compile`'s `backend` and
+            `mode` ("inductor" and its default mode; "aot_eager" traces and
+            functionalises without generating code: a check on the CPU).
+    Raises:
+        ValueError: a compile mode that captures CUDA graphs itself
+            ("reduce-overhead", "max-autotune"): the buckets capture theirs.
     """
 
     def __init__(self, model, views, bands: Sequence[str], *, device: str, max_pages: int,
-                 buckets: Sequence[int] = BUCKETS, capture: bool | None = None) -> None:
+                 buckets: Sequence[int] = BUCKETS, capture: bool | None = None, compile: bool = False,
+                 compile_backend: str = "inductor", compile_mode: str | None = None) -> None:
+        if compile_mode in ("reduce-overhead", "max-autotune"):
+            raise ValueError(f"DecodeGraphs: compile_mode={compile_mode!r} captures CUDA graphs itself; expected "
+                             "None, 'default' or 'max-autotune-no-cudagraphs' (the buckets capture the graphs)")
         self.model = model
         self.views = views
         self.bands = tuple(bands)
@@ -68,8 +187,35 @@ class DecodeGraphs:
         self.max_pages = int(max_pages)
         self.buckets = tuple(sorted(buckets))
         self.capture = str(device).startswith("cuda") if capture is None else capture
+        self.compile = bool(compile)
         self._buckets: dict[int, _Bucket] = {}
         self.failures: dict[int, str] = {}  # bucket -> why its capture failed
+        self.compile_failures: dict[int, str] = {}  # bucket -> why its compile (or compiled capture) failed
+        self.compile_s: dict[int, float] = {}  # bucket -> seconds of its first (compiling) forward
+        self._layers: CompiledLayers | None = None
+        self._refused: str | None = None  # why the model cannot be compiled at all
+        if self.compile:
+            self._prepare_compile(compile_backend, compile_mode)
+
+    def _prepare_compile(self, backend: Any, mode: str | None) -> None:
+        """The compiled layers, the operator registered (dynamo cannot trace
+        the registration) and the caches' page count marked dynamic (the
+        pool's size is no part of the graphs); a model that cannot be
+        compiled is recorded, and every bucket then runs uncompiled."""
+        import torch
+
+        from unikv.kernels.attention.op import attention_op
+
+        attention_op()
+        try:
+            self._layers = CompiledLayers(self.model, backend=backend, mode=mode)
+        except ValueError as exc:
+            self._refused = f"ValueError: {exc}"
+            return
+        for layer, spec in self.views.layers.items():
+            if spec.kind == "kv":
+                torch._dynamo.maybe_mark_dynamic(self.views.k(layer), 0)
+                torch._dynamo.maybe_mark_dynamic(self.views.v(layer), 0)
 
     def bucket(self, batch_size: int) -> int | None:
         """The smallest bucket holding `batch_size` requests (None: none does)."""
@@ -137,51 +283,148 @@ class DecodeGraphs:
             st.rows[:min(b, live_b), width:live_w].zero_()
         st.filled = (b, width)
 
-    def _forward(self, st: _Bucket) -> Any:
-        from unikv.sim.real.attention import StepContext, use_step
+    def _forward(self, st: _Bucket, compiled: bool | None = None) -> Any:
+        """The bucket's forward over its buffers: the compiled layers when
+        `compiled` (default: the bucket's own choice, `st.compiled`)."""
+        from unikv.sim.real.attention import StepContext
 
+        compiled = st.compiled if compiled is None else compiled
         # inside the capture: the pool's device tables are read at replay time (committed by the batch build)
         tables = {band: self.views.translate_pages(st.rows, band) for band in self.bands}
         slots = {band: self.views.translate_slots(st.vids, band) for band in self.bands}
         ctx = StepContext(views=self.views, block_tables=tables, cu_q=st.cu_q, seq_lens=st.seq_lens,
-                          write_slots=slots, layout="padded")
-        with use_step(ctx):
-            logits = self.model(input_ids=st.ids, position_ids=st.pos, use_cache=False).logits
-        return logits[:, -1].argmax(-1)
+                          write_slots=slots, layout="padded", opaque=compiled)
+        if not compiled or self._layers is None:
+            return decode_picks(self.model, st.ids, st.pos, ctx)
+        import torch
+
+        n = st.ids.shape[0]
+        if n > 1:  # the translated tables and slots: as the bucket's buffers (`_compile`)
+            for t in (*tables.values(), *slots.values()):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+        # inference mode always: the graphs were compiled under it (another grad mode would recompile)
+        with torch.inference_mode(), self._layers.active(self.views, n), torch._dynamo.config.patch(
+                recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
+            return decode_picks(self.model, st.ids, st.pos, ctx)
+
+    def _compile(self, st: _Bucket, n: int) -> None:
+        """The bucket's step: compiled when the first forward through
+        `torch.compile` succeeds (timed: `compile_s`), else the uncompiled
+        one, the error recorded (`compile_failures`)."""
+        if not self.compile:
+            return
+        if self._layers is None:
+            self.compile_failures[n] = self._refused or "no compiled layers"
+            return
+        import torch
+
+        if n > 1:  # one artefact for every bucket of 2 and more (size 1 is always specialised)
+            for t in (st.ids, st.pos, st.cu_q, st.seq_lens, st.rows, st.vids):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+        cuda = str(self.device).startswith("cuda")
+        t0 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                self._forward(st, compiled=True)
+            if cuda:
+                torch.cuda.synchronize(self.device)
+        except Exception as exc:  # any compiler error: this bucket runs uncompiled, the stats say why
+            self.compile_failures[n] = _compile_error(exc)
+            return
+        self.compile_s[n] = time.perf_counter() - t0
+        st.compiled = True
 
     def _build(self, n: int) -> _Bucket:
         """The bucket's buffers and, with `capture`, its graph: two warm-up
         forwards on a side stream, then the capture (the padding rows write
-        only the sink, so warm-up and capture touch no live KV)."""
+        only the sink, so warm-up and capture touch no live KV). With
+        `compile`, the compiling forward comes first; a compiled forward
+        that fails to compile, warm up or capture is recorded and the
+        bucket falls back to the uncompiled one."""
         st = self._static(n)
         self._buckets[n] = st
         if not self.capture:
+            self._compile(st, n)
             return st
-        import torch
-
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side), torch.inference_mode():
-            for _ in range(2):
-                self._forward(st)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
+        if self.compile:
+            with self._side_stream():
+                self._compile(st, n)
+            if st.compiled and self._capture_compiled(st, n):
+                return st
+        self._warm_up(st)
         try:
-            with torch.inference_mode(), torch.cuda.graph(graph):
-                st.out = self._forward(st)
+            self._capture(st)
         except RuntimeError as exc:
             # a forward that syncs or changes shape with the data (transformers'
             # eager MoE loops over the experts hit) cannot be captured: this
             # bucket runs its static buffers eagerly, and the stats say why
-            self.failures[n] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            st.out = None
-            return st
-        st.graph = graph
+            self.failures[n] = _first_line(exc)
         return st
+
+    def _capture_compiled(self, st: _Bucket, n: int) -> bool:
+        """Warm up and capture the compiled forward; False (the error
+        recorded, the bucket's step the uncompiled one) when either fails."""
+        try:
+            self._warm_up(st)
+            self._capture(st)
+        except Exception as exc:  # any error of the compiled code: the uncompiled forward instead
+            self.compile_failures[n] = f"capture: {_compile_error(exc)}"
+            st.compiled = False
+            return False
+        return True
+
+    @contextlib.contextmanager
+    def _side_stream(self) -> Iterator[None]:
+        """Run the block on a side stream that waits for, and is waited on
+        by, the current one (PyTorch's recipe for work before a capture)."""
+        import torch
+
+        main = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            yield
+        main.wait_stream(side)
+
+    def _warm_up(self, st: _Bucket) -> None:
+        """Two forwards of the bucket's step on a side stream, before its capture."""
+        import torch
+
+        with self._side_stream(), torch.inference_mode():
+            for _ in range(2):
+                self._forward(st)
+
+    def _capture(self, st: _Bucket) -> None:
+        """Capture the bucket's forward (its step) as its graph."""
+        import torch
+
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(graph):
+            out = self._forward(st)
+        st.graph, st.out = graph, out
 
     def stats(self) -> dict:
         """Buckets built, steps run through them, buckets captured as graphs,
-        and why a capture failed (bucket -> the error's first line)."""
-        return {"buckets": sorted(self._buckets), "steps": sum(b.steps for b in self._buckets.values()),
-                "captured": sorted(n for n, b in self._buckets.items() if b.graph is not None),
-                "failures": dict(self.failures)}
+        and why a capture failed (bucket -> the error's first line); with
+        `compile`: the buckets that run compiled, the seconds of each
+        bucket's compiling forward, and why a compile failed."""
+        out = {"buckets": sorted(self._buckets), "steps": sum(b.steps for b in self._buckets.values()),
+               "captured": sorted(n for n, b in self._buckets.items() if b.graph is not None),
+               "failures": dict(self.failures)}
+        if self.compile:
+            out.update(compiled=sorted(n for n, b in self._buckets.items() if b.compiled),
+                       compile_s=dict(self.compile_s), compile_failures=dict(self.compile_failures))
+        return out
+
+
+def _compile_error(exc: BaseException) -> str:
+    """The error's type and first two lines (dynamo's first line of a
+    backend's failure only names the backend: "backend='inductor' raised:")."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {' '.join(lines[:2])[:300]}"
+
+
+def _first_line(exc: BaseException) -> str:
+    """The error's first line (a compiler error spans pages), or its type."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
