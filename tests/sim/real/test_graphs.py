@@ -79,11 +79,12 @@ def greedy(model, prompt: list[int], n: int) -> list[int]:
 
     key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     kw = {key: DynamicCache(config=model.config), "use_cache": True}
-    out = model(input_ids=torch.tensor([prompt]), **kw)
+    dev = model.device
+    out = model(input_ids=torch.tensor([prompt], device=dev), **kw)
     tokens: list[int] = []
     for _ in range(n):
         tokens.append(int(out.logits[0, -1].argmax()))
-        out = model(input_ids=torch.tensor([[tokens[-1]]]), **kw)
+        out = model(input_ids=torch.tensor([[tokens[-1]]], device=dev), **kw)
     return tokens
 
 
