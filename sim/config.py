@@ -170,6 +170,11 @@ class RunConfig:
         decode_graphs: real executor: decode-only steps run through static
             buffers per batch-size bucket, captured as CUDA graphs on a GPU
             (`sim.real.graphs`).
+        compile_decode: real executor with `decode_graphs`: each decoder
+            layer of the decode step compiled with torch.compile (inductor),
+            attention and the KV write one opaque operator, inside the
+            captured graph (`DecodeGraphs(compile=True)`); a bucket whose
+            compile or capture fails runs uncompiled and the summary says why.
     """
 
     trace: str = _opt("azure_conv", "bundled sample name or trace file path")
@@ -200,6 +205,8 @@ class RunConfig:
     real_clock: str = _opt("measured", "real executor: advance the clock by the measured or the cost-model step time")
     decode_graphs: bool = _opt(False, "real executor: decode steps through static per-bucket buffers, "
                                       "captured as CUDA graphs on a GPU")
+    compile_decode: bool = _opt(False, "real executor with --decode-graphs: each decoder layer compiled with "
+                                       "torch.compile (inductor) inside the captured decode graph")
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
@@ -326,11 +333,13 @@ def _check_executor(config: RunConfig) -> None:
         raise ValueError(f"device={device!r} must be 'cpu', 'cuda' or 'cuda:N'")
     if config.executor == "cost":
         for name, default in (("weights", None), ("device", "cpu"), ("dtype", None), ("real_clock", "measured"),
-                              ("decode_graphs", False)):
+                              ("decode_graphs", False), ("compile_decode", False)):
             if getattr(config, name) != default:
                 raise ValueError(f"{name}={getattr(config, name)!r} applies only to executor='real'; "
                                  "pass executor='real' or leave it unset")
         return
+    if config.compile_decode and not config.decode_graphs:
+        raise ValueError("compile_decode=True compiles the captured decode step; pass decode_graphs=True too")
     if config.layout not in REAL_LAYOUTS:
         raise ValueError(f"layout={config.layout!r}: the real executor cannot view its pool (it keeps no byte "
                          f"layout); valid layouts for executor='real' are {list(REAL_LAYOUTS)}")

@@ -323,7 +323,8 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
     if config.decode_graphs and binder is None:  # the state gather / scatter is not captured: eager decode
         from unikv.sim.real.graphs import DecodeGraphs
 
-        graphs = DecodeGraphs(lm, views, bands, device=config.device, max_pages=_max_pages(lm.config, memory))
+        graphs = DecodeGraphs(lm, views, bands, device=config.device, max_pages=_max_pages(lm.config, memory),
+                              compile=config.compile_decode)
     executor = RealExecutor(memory, lm, views, tokens, bands=bands, device=config.device, cost=cost, graphs=graphs,
                             binder=binder, state_band=memory.state_band if binder is not None else None)
     if executor.cuda and config.real_clock == "measured":  # start-up work an engine does before its clock runs
@@ -392,7 +393,7 @@ def executor_identity(config) -> dict:
     return {"executor": config.executor, "device": config.device,
             "dtype": config.dtype or config.kv_cache_dtype,
             "weights": config.weights or f"random (seed {config.seed})", "real_clock": config.real_clock,
-            "decode_graphs": config.decode_graphs}
+            "decode_graphs": config.decode_graphs, "compile_decode": config.compile_decode}
 
 
 def executor_summary(config, executor: RealExecutor) -> dict:
@@ -413,4 +414,6 @@ def executor_summary(config, executor: RealExecutor) -> dict:
         stats = executor.graphs.stats()
         out.update(graph_steps=stats["steps"], graph_buckets=stats["buckets"], graph_captured=stats["captured"],
                    graph_capture_failures={str(k): v for k, v in stats["failures"].items()})
+        if config.compile_decode:
+            out.update(graph_compile_failures={str(k): v for k, v in stats.get("compile_failures", {}).items()})
     return out

@@ -39,6 +39,7 @@ def replay(tmp_path, model, *flags):
     (["--dtype", "fp8"], ["dtype='fp8'", "fp32", "bf16"]),
     (["--device", "tpu"], ["device='tpu'", "cuda"]),
     (["--real-clock", "wall"], ["--real-clock", "wall"]),
+    (["--compile-decode"], ["compile_decode=True", "decode_graphs=True"]),
 ])
 def test_bad_real_executor_options_are_refused(tmp_path, model, flags, words):
     result, out = replay(tmp_path, model, *flags)
@@ -49,7 +50,7 @@ def test_bad_real_executor_options_are_refused(tmp_path, model, flags, words):
 def test_real_only_options_need_the_real_executor(tmp_path):
     for flags, word in ((["--weights", str(tmp_path)], "weights"), (["--device", "cuda"], "device"),
                         (["--real-clock", "cost"], "real_clock"), (["--dtype", "bf16"], "dtype"),
-                        (["--decode-graphs"], "decode_graphs")):
+                        (["--decode-graphs"], "decode_graphs"), (["--compile-decode"], "compile_decode")):
         result = run_cli(["replay", *flags, "--out", tmp_path / "out", *FAST])
         assert_refused(result, word, "executor='real'")
 

@@ -149,3 +149,21 @@ def test_an_unset_later_scheduler_setting_stays_out_of_the_run_id():
     aligned = dataclasses.replace(config, scheduler=dataclasses.replace(config.scheduler, mamba_cache_mode="align"))
     both = run_inputs(aligned, **hashes)
     assert both["scheduler"]["mamba_cache_mode"] == "align" and run_id_of(both) != run_id_of(unset)
+
+
+def test_compile_decode_off_stays_out_of_the_run_id():
+    """`compile_decode` (added after the committed studies ran) enters the
+    run's inputs only when on, so the finished runs keep their ids."""
+    import dataclasses
+
+    from unikv.sim.study.grid import run_id_of, run_inputs
+
+    config = expand(parse_study(copy.deepcopy(STUDY)))[0].config
+    hashes = dict(trace_sha256="t", model_sha256="m", gpu_sha256="g")
+    off = run_inputs(config, **hashes)
+    assert "compile_decode" in config.as_dict() and "compile_decode" not in off
+    assert set(config.as_dict()) - set(off) >= {"compile_decode"}
+    real = dict(executor="real", kv_cache_dtype="fp32", decode_graphs=True)
+    on = run_inputs(dataclasses.replace(config, compile_decode=True, **real), **hashes)
+    assert run_inputs(dataclasses.replace(config, **real), **hashes).get("compile_decode") is None
+    assert on["compile_decode"] is True and run_id_of(on) != run_id_of(off)
