@@ -171,6 +171,23 @@ def kv_bytes_per_request(spec, context: int) -> int:
     return context * spec.full_token_bytes + window * spec.swa_token_bytes
 
 
+def sized_splits(spec, kind: str, batch: int, context: int, steps: int, need: int):
+    """The splits `run_case` tries, as (static ratio, KV bytes to hold), then
+    None: SGLang's default ratio at the case's own need; for a fixed_ratio
+    split of window + full layers whose default cannot hold long contexts,
+    then a split sized to the case (window tokens / full tokens: at most two
+    windows a request while `Case` fills it chunk by chunk, plus the decode
+    steps), at the need of that split. The step time compared is the
+    executor's; the static split only has to hold the batch."""
+    yield None, need
+    if kind == "fixed_ratio" and spec.window_tokens and spec.swa_token_bytes:
+        full = context + steps + 2 * PS
+        swa = min(context, 2 * spec.window_tokens) + steps + 2 * PS
+        if swa < full:
+            yield swa / full, batch * (full * spec.full_token_bytes + swa * spec.swa_token_bytes)
+    yield None
+
+
 def run_case(lm, spec, placed, kind: str, batch: int, context: int, steps: int, max_pages: int,
              compile_mode: str | None = None):
     """One grid case; `compile_mode`: the decode forward through
@@ -185,17 +202,23 @@ def run_case(lm, spec, placed, kind: str, batch: int, context: int, steps: int, 
 
     need = batch * (kv_bytes_per_request(spec, context + steps + 2 * PS) + 2 * PS * spec.full_token_bytes)
     free = torch.cuda.mem_get_info()[0] if DEVICE == "cuda" else 64 << 30
-    budget = int(need * 1.25) + (1 << 30)
-    if budget > free - (6 << 30):
-        return {"status": f"skipped: needs {budget / 2**30:.1f} GiB of KV, {free / 2**30:.1f} GiB free"}
-    plan = build_layout(spec, kv_budget_gib=budget / 2**30, page_size=PS, kind=kind)
-    pool = plan.make_pool(CudaBackend(DEVICE), "lazy", ids="numpy")
-    check_layout(placed, pool.layout)
-    views = KVViews(pool, placed.kv)
-    try:
-        case = Case(pool, views, spec, batch, context, DEVICE)
-    except MemoryError:
-        return {"status": f"skipped: the {kind} split cannot hold {batch} x {context} tokens"}
+    ratio = None  # fixed_ratio: SGLang's default split first
+    for attempt in sized_splits(spec, kind, batch, context, steps, need):
+        if attempt is None:
+            return {"status": f"skipped: the {kind} split cannot hold {batch} x {context} tokens"}
+        ratio, need_kind = attempt
+        budget = int(need_kind * 1.25) + (1 << 30)
+        if budget > free - (6 << 30):
+            return {"status": f"skipped: needs {budget / 2**30:.1f} GiB of KV, {free / 2**30:.1f} GiB free"}
+        plan = build_layout(spec, kv_budget_gib=budget / 2**30, page_size=PS, kind=kind, static_ratio=ratio)
+        pool = plan.make_pool(CudaBackend(DEVICE), "lazy", ids="numpy")
+        check_layout(placed, pool.layout)
+        views = KVViews(pool, placed.kv)
+        try:
+            case = Case(pool, views, spec, batch, context, DEVICE)
+            break
+        except MemoryError:
+            del views, pool
     graphs = DecodeGraphs(lm, views, views.bands, device=DEVICE, max_pages=max_pages,
                           compile=compile_mode is not None, compile_mode=compile_mode)
     whole, host, device = [], [], []
@@ -241,7 +264,8 @@ def run_case(lm, spec, placed, kind: str, batch: int, context: int, steps: int, 
     del views, pool, graphs
     if cuda:
         torch.cuda.empty_cache()
-    return {"status": "ok", "step_ms": 1e3 * statistics.median(whole), "host_ms": 1e3 * statistics.median(host),
+    return {"status": "ok", "static_ratio": ratio, "kv_budget_gib": budget / 2**30,
+            "step_ms": 1e3 * statistics.median(whole), "host_ms": 1e3 * statistics.median(host),
             "graph_ms": 1e3 * statistics.median(device), "roofline_ms": 1e3 * roof,
             "x_roofline": statistics.median(whole) / roof, "graph_x_roofline": statistics.median(device) / roof,
             "captured": bool(stats["captured"]), "compiled": bool(stats.get("compiled")),
