@@ -5,7 +5,8 @@
 #   tests   the GPU correctness tests (kernels, backends, KV and state views,
 #           the real executor) and a real replay of a bundled trace slice;
 #   check   benchmarks/real_check.py (real size, bf16, against transformers);
-#   bench   benchmarks/bench_real_decode.py and benchmarks/bench_attention.py.
+#   bench   benchmarks/bench_real_decode.py (uncompiled and compiled) and
+#           benchmarks/bench_attention.py.
 # Logs and outputs go to $OUT (default results/real/h200).
 #
 #   bash benchmarks/gpu_suite.sh tests check    # one device call
@@ -29,8 +30,10 @@ cat "$out/machine.txt"
 for part in "$@"; do
     case $part in
     tests)
-        python3 -P -m pytest -q -rs --timeout 300 -p no:cacheprovider --durations 15 \
+        # the checkout after the install on the path: tests import their own helpers (tests.unikv.factories)
+        PYTHONPATH=/tmp/site:$PWD python3 -P -m pytest -q -rs --timeout 300 -p no:cacheprovider --durations 15 \
             tests/kernels tests/backends tests/unikv/test_kv_views.py tests/unikv/test_state_views.py \
+            tests/unikv/test_page_rows.py tests/unikv/test_pool_pages.py tests/unikv/test_float.py \
             tests/sim/real tests/bad_input/test_executor_options.py 2>&1 | tee "$out/pytest_gpu.log"
         python3 -P -m unikv replay --executor real --device cuda --dtype bf16 --decode-graphs \
             --model tests/data/configs/meta-llama--Meta-Llama-3.1-8B_config.json --trace azure_conv \
@@ -41,7 +44,7 @@ for part in "$@"; do
         python3 -P benchmarks/real_check.py --out "$out" 2>&1 | tee "$out/real_check.log"
         ;;
     bench)
-        python3 -P benchmarks/bench_real_decode.py --out "$out/decode.csv" 2>&1 | tee "$out/decode.log"
+        python3 -P benchmarks/bench_real_decode.py --compile --out "$out/decode.csv" 2>&1 | tee "$out/decode.log"
         python3 -P benchmarks/bench_attention.py --out "$out/attention.csv" 2>&1 | tee "$out/attention.log"
         ;;
     *)
