@@ -54,12 +54,23 @@ class Grid:
     forward_s: tuple[tuple[float, ...], ...]
     filled: frozenset[tuple[int, int]] = frozenset()
     _log_t: tuple[tuple[float, ...], ...] = field(init=False, repr=False, compare=False)
+    _log_rows: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _log_cols: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __call__(self, row: float, col: float) -> tuple[float, bool]:
         """(seconds at (row, col), whether the point lies outside the grid's
         measured cells: beyond its axes, or in a cell a filled corner bounds)."""
-        i, u, out_r = _cell(self.rows, row)
-        j, v, out_c = _cell(self.cols, col)
+        return self.at_row(self.row_cell(row), col)
+
+    def row_cell(self, row: float) -> tuple[int, float, bool]:
+        """Where `row` lies on the row axis (`_cell`): what `at_row` takes,
+        so that a caller asking one row often may keep it."""
+        return _cell(self.rows, self._log_rows, row)
+
+    def at_row(self, row_cell: tuple[int, float, bool], col: float) -> tuple[float, bool]:
+        """`self(row, col)` with the row's `row_cell(row)` given."""
+        i, u, out_r = row_cell
+        j, v, out_c = _cell(self.cols, self._log_cols, col)
         t = self._log_t
         log_t = ((1 - u) * (1 - v) * t[i][j] + u * (1 - v) * t[i + 1][j]
                  + (1 - u) * v * t[i][j + 1] + u * v * t[i + 1][j + 1])
@@ -72,13 +83,17 @@ class Grid:
     def __post_init__(self) -> None:
         # the log of every cell, once: each step's lookup reads four of them
         object.__setattr__(self, "_log_t", tuple(tuple(math.log(x) for x in r) for r in self.forward_s))
+        # and of each axis point's log1p (every lookup reads two per axis)
+        object.__setattr__(self, "_log_rows", tuple(math.log1p(x) for x in self.rows))
+        object.__setattr__(self, "_log_cols", tuple(math.log1p(x) for x in self.cols))
 
 
-def _cell(axis: tuple[float, ...], x: float) -> tuple[int, float, bool]:
+def _cell(axis: tuple[float, ...], log_axis: tuple[float, ...], x: float) -> tuple[int, float, bool]:
     """(index of the cell holding x, x's fraction across it in log1p space,
-    outside): outside the axis, the edge cell and a fraction < 0 or > 1."""
+    outside): outside the axis, the edge cell and a fraction < 0 or > 1.
+    `log_axis`: log1p of each point of `axis`."""
     k = min(max(bisect.bisect_right(axis, x) - 1, 0), len(axis) - 2)
-    lo, hi = math.log1p(axis[k]), math.log1p(axis[k + 1])
+    lo, hi = log_axis[k], log_axis[k + 1]
     return k, (math.log1p(x) - lo) / (hi - lo), not axis[0] <= x <= axis[-1]
 
 
@@ -336,7 +351,11 @@ class ProfileStepCost:
         self.profile, self.hw = profile, hw
         self.name = f"profile:{profile.path.name if profile.path else profile.model}"
         self.extrapolated_steps = 0
+        self.window_tokens = window_tokens
         self.shape_of = lambda plan, memory: shape_of(plan, memory, window_tokens)
+        # batch -> its cell on the decode grid's row axis (the grid never
+        # changes, so neither does a kept cell; a run sees a few dozen batches)
+        self._decode_rows: dict[int, tuple[int, float, bool]] = {}
 
     def __call__(self, prefill_tokens: int, decode_tokens: int, kv_bytes_read: int,
                  moved_bytes: int, shape=None) -> float:
@@ -349,6 +368,24 @@ class ProfileStepCost:
         context = shape.decode_context_tokens / decode_tokens if decode_tokens else 0.0
         forward, outside = self.profile.forward_s(chunk_tokens=chunk, cached_tokens=cached,
                                                   batch=decode_tokens, context_tokens=context)
+        self.extrapolated_steps += outside
+        return self.profile.non_forward_s + forward + move_s
+
+    def decode_s(self, decode_tokens: int, decode_context_tokens: int, decode_window_tokens: int,
+                 kv_bytes_read: int, moved_bytes: int) -> float:
+        """`self(0, decode_tokens, kv_bytes_read, moved_bytes, shape)` of a
+        step that only decodes, `shape` being `StepShape((),
+        decode_context_tokens, decode_window_tokens)`, with no shape built
+        (the executor's path for such steps): the decode grid at (batch,
+        mean context), the batch's row cell kept."""
+        move_s = self.move_time_s(moved_bytes)
+        if decode_tokens == 0:
+            return move_s
+        decode = self.profile.decode
+        cell = self._decode_rows.get(decode_tokens)
+        if cell is None:
+            cell = self._decode_rows[decode_tokens] = decode.row_cell(decode_tokens)
+        forward, outside = decode.at_row(cell, decode_context_tokens / decode_tokens)
         self.extrapolated_steps += outside
         return self.profile.non_forward_s + forward + move_s
 

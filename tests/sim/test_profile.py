@@ -239,3 +239,16 @@ def test_unmeasured_cells_are_extrapolated_along_the_row_then_the_column():
     assert all(v > 0 for r in got for v in r)
     with pytest.raises(ValueError, match="too few measured neighbours"):
         fill_unmeasured((1, 2), (1, 2), [[1.0, None], [None, None]])
+
+
+def test_a_decode_only_step_costs_the_same_without_a_shape():
+    plain = ProfileStepCost(StepProfile.from_dict(make(decode=lambda b, c: 1e-3 + 1e-6 * b * c ** 0.5)), H200)
+    fast = ProfileStepCost(StepProfile.from_dict(make(decode=lambda b, c: 1e-3 + 1e-6 * b * c ** 0.5)), H200)
+    for _ in range(2):  # the second pass reads the kept row cells
+        for decoders in (0, 1, 3, 8, 9, 64, 255, 256, 400):
+            for context in (0, 7, 1024, 5000, 65536, 10**6):
+                for moved in (0, 10**9):
+                    total = decoders * context
+                    assert fast.decode_s(decoders, total, 17, 99, moved) == plain(
+                        0, decoders, 99, moved, StepShape((), total, 17))
+    assert fast.extrapolated_steps == plain.extrapolated_steps > 0
