@@ -56,6 +56,7 @@ class Grid:
     _log_t: tuple[tuple[float, ...], ...] = field(init=False, repr=False, compare=False)
     _log_rows: tuple[float, ...] = field(init=False, repr=False, compare=False)
     _log_cols: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _near_filled: frozenset[tuple[int, int]] = field(init=False, repr=False, compare=False)
 
     def __call__(self, row: float, col: float) -> tuple[float, bool]:
         """(seconds at (row, col), whether the point lies outside the grid's
@@ -75,7 +76,7 @@ class Grid:
         log_t = ((1 - u) * (1 - v) * t[i][j] + u * (1 - v) * t[i + 1][j]
                  + (1 - u) * v * t[i][j + 1] + u * v * t[i + 1][j + 1])
         outside = out_r or out_c
-        if self.filled and not outside:  # a corner with weight reads a filled cell
+        if not outside and (i, j) in self._near_filled:  # a corner with weight reads a filled cell
             outside = any((i + a, j + b) in self.filled for a, wa in ((0, 1 - u), (1, u))
                           for b, wb in ((0, 1 - v), (1, v)) if wa * wb > 0)
         return math.exp(log_t), outside
@@ -86,6 +87,9 @@ class Grid:
         # and of each axis point's log1p (every lookup reads two per axis)
         object.__setattr__(self, "_log_rows", tuple(math.log1p(x) for x in self.rows))
         object.__setattr__(self, "_log_cols", tuple(math.log1p(x) for x in self.cols))
+        # the cells (i, j) with a filled corner: only there may a weight read one
+        object.__setattr__(self, "_near_filled", frozenset(
+            (i - a, j - b) for i, j in self.filled for a in (0, 1) for b in (0, 1)))
 
 
 def _cell(axis: tuple[float, ...], log_axis: tuple[float, ...], x: float) -> tuple[int, float, bool]:
