@@ -114,7 +114,7 @@ class Scheduler:
         token, then their next prefill chunk), then admissions into what is
         left of the chunk budget. `now`: the clock, in seconds."""
         retracted = self.counts["retracted"]
-        written = self._decode(now)
+        written, pages = self._decode(now)
         prefill = self._continue_prefills(now)
         prefill_tokens = sum([c for _, c in prefill]) if prefill else 0
         admitted = self._admit(self.prefill_budget - prefill_tokens, now)
@@ -126,32 +126,33 @@ class Scheduler:
         decode = list(self.decoding)
         if self.counts["retracted"] != retracted:
             written = [r.last_loc(self.ps) for r in decode]
-        pages = self._writes(written, prefill)
+            pages = [t // self.ps for t in written]
+        if prefill:
+            self._writes(written, pages, prefill)
         return StepPlan(self.steps, prefill, decode, prefill_tokens, written,
                         len(prefill) == len(self.prefilling), pages)
 
-    def _writes(self, written: list[int], prefill: list[tuple[Request, int]]) -> list[int]:
+    def _writes(self, written: list[int], pages: list[int], prefill: list[tuple[Request, int]]) -> None:
         """Extend the decoders' `written` ids with one id per page of each
-        chunk; returns the page of each."""
+        chunk, and `pages` (the page of each) with those pages."""
         ps = self.ps
-        pages = [t // ps for t in written]
         for r, chunk in prefill:
             first, last = (r.seq - chunk) // ps, (r.seq - 1) // ps
             chunk_pages = r.pages[first: last + 1]
             written.extend([p * ps for p in chunk_pages])
             pages += chunk_pages
-        return pages
 
-    def _decode(self, now: float) -> list[int]:
-        """One token for every decoding request (the ids they write)."""
+    def _decode(self, now: float) -> tuple[list[int], list[int]]:
+        """One token for every decoding request: the ids they write and
+        the page of each (`Memory.decode`)."""
         if not self.decoding:
-            return []
+            return [], []
         mem = self.mem
         out = mem.decode(self.decoding)
         if out is None:  # short: the one shortfall path takes over from this first try
-            out = remedy(lambda: mem.decode(self.decoding) if self.decoding else [], mem.evict_some,
+            out = remedy(lambda: mem.decode(self.decoding) if self.decoding else ([], []), mem.evict_some,
                          lambda: self._retract_newest(now))
-        return out if out is not None else []
+        return out if out is not None else ([], [])
 
     def _continue_prefills(self, now: float) -> list[tuple[Request, int]]:
         if not self.prefilling:
