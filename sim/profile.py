@@ -349,6 +349,8 @@ class ProfileStepCost:
         window_tokens: the model's window (None: none), for `shape_of`.
     """
 
+    reads_kv_bytes = False  # the measured forward times include the KV reads
+
     def __init__(self, profile: StepProfile, hw, window_tokens: int | None = None) -> None:
         from unikv.sim.roofline import shape_of
 
