@@ -96,7 +96,11 @@ def _cell(axis: tuple[float, ...], log_axis: tuple[float, ...], x: float) -> tup
     """(index of the cell holding x, x's fraction across it in log1p space,
     outside): outside the axis, the edge cell and a fraction < 0 or > 1.
     `log_axis`: log1p of each point of `axis`."""
-    k = min(max(bisect.bisect_right(axis, x) - 1, 0), len(axis) - 2)
+    k = bisect.bisect_right(axis, x) - 1  # clamped to the edge cells (no min/max calls: every step)
+    if k < 0:
+        k = 0
+    elif k > len(axis) - 2:
+        k = len(axis) - 2
     lo, hi = log_axis[k], log_axis[k + 1]
     return k, (math.log1p(x) - lo) / (hi - lo), not axis[0] <= x <= axis[-1]
 
