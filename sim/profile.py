@@ -72,13 +72,15 @@ class Grid:
         """`self(row, col)` with the row's `row_cell(row)` given."""
         i, u, out_r = row_cell
         j, v, out_c = _cell(self.cols, self._log_cols, col)
-        t = self._log_t
-        log_t = ((1 - u) * (1 - v) * t[i][j] + u * (1 - v) * t[i + 1][j]
-                 + (1 - u) * v * t[i][j + 1] + u * v * t[i + 1][j + 1])
+        t, t_next = self._log_t[i], self._log_t[i + 1]
+        # the corners' weights: (1 - u)(1 - v), u(1 - v), (1 - u)v, uv
+        w00, w10, w01, w11 = (1 - u) * (1 - v), u * (1 - v), (1 - u) * v, u * v
+        log_t = w00 * t[j] + w10 * t_next[j] + w01 * t[j + 1] + w11 * t_next[j + 1]
         outside = out_r or out_c
         if not outside and (i, j) in self._near_filled:  # a corner with weight reads a filled cell
-            outside = any((i + a, j + b) in self.filled for a, wa in ((0, 1 - u), (1, u))
-                          for b, wb in ((0, 1 - v), (1, v)) if wa * wb > 0)
+            filled = self.filled
+            outside = ((w00 > 0 and (i, j) in filled) or (w10 > 0 and (i + 1, j) in filled)
+                       or (w01 > 0 and (i, j + 1) in filled) or (w11 > 0 and (i + 1, j + 1) in filled))
         return math.exp(log_t), outside
 
     def __post_init__(self) -> None:
