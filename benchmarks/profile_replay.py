@@ -21,6 +21,7 @@ from pathlib import Path
 
 from unikv.sim.config import RunConfig
 from unikv.sim.engine import Simulation
+from unikv.sim.executor import CostModelExecutor
 from unikv.sim.memory import Memory
 from unikv.sim.run import run
 from unikv.sim.scheduler import Scheduler
@@ -28,8 +29,9 @@ from unikv.sim.scheduler import Scheduler
 from unikv import OraclePool, StaticPartitionPool, UnifiedPool
 from unikv.bands import EndBand
 
-POOL = ("flush", "available_size", "alloc_decode", "alloc_extend", "release", "free", "alloc_state",
-        "free_state", "translate", "sample", "set_inflight_forward")
+POOL = ("flush", "available_size", "available_size_bound", "alloc_decode", "alloc_extend", "take_pages",
+        "release", "release_pages", "free", "free_pages", "alloc_state", "free_state", "translate", "sample",
+        "set_inflight_forward", "set_inflight_pages")
 SCHEDULER = ("plan", "_decode", "_continue_prefills", "_admit", "complete")
 MEMORY = ("decode", "extend", "ratchet", "finish", "retract", "take_hit", "evict_some", "begin_forward",
           "sample")
@@ -59,6 +61,8 @@ def instrument(totals: collections.Counter, calls: collections.Counter) -> None:
     for name in SCHEDULER:
         wrap(Scheduler, name, f"scheduler.{name}")
     wrap(Simulation, "_record", "engine._record")
+    for name in ("launch", "duration_s", "done"):
+        wrap(CostModelExecutor, name, f"executor.{name}")
     for name in MEMORY:
         wrap(Memory, name, f"memory.{name}")
 

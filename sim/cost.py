@@ -100,6 +100,24 @@ class EngineStepCost:
                                   kv_bytes_read=kv_bytes_read, moved_bytes=moved_bytes,
                                   params_active=self._active, weight_bytes=self._weights, shape=shape).total_s
 
+    def decode_s(self, decode_tokens: int, decode_context_tokens: int, decode_window_tokens: int,
+                 kv_bytes_read: int, moved_bytes: int) -> float:
+        """`self(0, decode_tokens, kv_bytes_read, moved_bytes, shape)` of a
+        step that only decodes, `shape` being `StepShape((),
+        decode_context_tokens, decode_window_tokens)`, with no shape built
+        (the executor's path for such steps)."""
+        if decode_tokens == 0:
+            return self.move_time_s(moved_bytes)
+        if self._missing is not None:
+            raise self._missing
+        return self.roofline.decode_s(decode_tokens, decode_context_tokens, decode_window_tokens,
+                                      kv_bytes_read, moved_bytes, self._active, self._weights)
+
+    @property
+    def window_tokens(self) -> int | None:
+        """The window `shape_of` caps the decoders' contexts at (None: no window layers)."""
+        return self.roofline.window
+
     def shape_of(self, plan, memory) -> StepShape:
         """The step's chunks and contexts (`sim.roofline.shape_of`), which the executor passes back."""
         return self.roofline.shape_of(plan, memory)

@@ -21,6 +21,27 @@ from unikv.sim.request import Request
 from unikv.sim.scheduler import Scheduler
 
 
+class Clock(simpy.Environment):
+    """SimPy's environment, whose clock the step loop may move by itself.
+
+    A step that ends before any scheduled event (the next arrival, a wake)
+    needs no event of its own: the loop advances the clock to the step's end
+    as a timeout would (the same sum, so the same float) and goes on, where
+    a timeout would cost an event, a heap push and pop and a resume of the
+    generator per step. Any other step yields a timeout as before, so events
+    at the same instant keep SimPy's order."""
+
+    def advance(self, delay: float) -> bool:
+        """Move the clock `delay` seconds on when no scheduled event falls at
+        or before the new time; False (nothing changed) otherwise, or for a
+        negative delay (a timeout then refuses it)."""
+        at = self._now + delay  # what Environment.schedule computes for a timeout
+        if not delay >= 0 or (self._queue and self._queue[0][0] <= at):
+            return False
+        self._now = at
+        return True
+
+
 class Simulation:
     """All state of one run; processes are methods of this object.
 
@@ -46,7 +67,7 @@ class Simulation:
                  reserve: tuple[float, float, float] = (0.0, 0.0, 0.0), check_every: int = 0,
                  is_oracle: bool = False, progress: Callable[[int], None] | None = None,
                  executor: Executor | None = None) -> None:
-        self.env = simpy.Environment()
+        self.env = Clock()
         self.requests = requests
         self.mem = memory
         self.scheduler = Scheduler(memory, max_running=max_running,
@@ -82,22 +103,23 @@ class Simulation:
                 self._wake.succeed()
 
     def _step_loop(self):
-        sched, mem, executor = self.scheduler, self.mem, self.executor
+        sched, mem, executor, env = self.scheduler, self.mem, self.executor, self.env
         while True:
             if not sched.running and not sched.waiting:
                 if self.arrived == len(self.requests):
                     return
-                self._wake = self.env.event()
+                self._wake = env.event()
                 yield self._wake
                 continue
-            plan = sched.plan(self.env.now)
+            plan = sched.plan(env.now)
             event = executor.launch(plan)
             pages = plan.write_pages  # when known, the ids' array is never built
             moved = mem.begin_forward(event, plan.write_ids if pages is None else None, sched.running, pages)
             dt = executor.duration_s(plan, moved)
-            yield self.env.timeout(dt)
+            if not env.advance(dt):  # an event falls inside the step: SimPy orders them
+                yield env.timeout(dt)
             executor.done(event)
-            now = self.env.now
+            now = env.now
             for r in sched.complete(plan, now):
                 self._retire(r)
             self._record(now, dt, plan.prefill_tokens, len(plan.decode), moved)

@@ -48,7 +48,11 @@ class CostModelExecutor:
         step_cost: (prefill_tokens, decode_tokens, kv_bytes_read, moved_bytes)
             -> seconds of one engine step; one with a `shape_of(plan, memory)`
             method (`sim.cost.EngineStepCost`) also gets that as a fifth
-            argument (the step's chunks and contexts, for attention FLOPs).
+            argument (the step's chunks and contexts, for attention FLOPs);
+            one with `decode_s` and `window_tokens` (`EngineStepCost`,
+            `sim.profile.ProfileStepCost`) costs a step where every running
+            request decodes from the memory's totals, with no shape built
+            (and no KV bytes counted where `reads_kv_bytes` is False).
         kv_bytes: batch -> KV bytes its attention reads per step (with
             `from_totals`, as `sim.run.KVRead`, read from the running
             requests' totals when the batch is all of them).
@@ -68,12 +72,26 @@ class CostModelExecutor:
         self.move_time_s = getattr(step_cost, "move_time_s", _no_move_time)
         # a cost model that charges attention by context (sim.cost) takes the step's shape
         self._shape_of = getattr(step_cost, "shape_of", None)
+        # ... and may cost a step that only decodes, the whole batch, from the
+        # memory's totals with no shape built (`decode_s`), when its window is
+        # the memory's (as `sim.roofline.shape_of` reads the totals)
+        window = getattr(step_cost, "window_tokens", None)
+        self._decode_s = getattr(step_cost, "decode_s", None) \
+            if self._kv_totals is not None and window in (None, memory.window_cap) else None
+        self._shape_window = window is not None  # without window layers a shape sums no window
+        # a cost model that says it never reads the KV bytes (a profile) is not handed them
+        self._reads_kv = getattr(step_cost, "reads_kv_bytes", True)
 
     def launch(self, plan: StepPlan) -> Any:
         return self.mem.new_event(f"step {plan.index}")
 
     def duration_s(self, plan: StepPlan, moved_bytes: int) -> float:
         decoders = len(plan.decode)
+        if not plan.prefill and plan.whole_batch and self._decode_s is not None:
+            mem = self.mem  # the usual step: every running request decodes
+            seq, inside = mem.held_seq, mem.held_window
+            kv = self._kv_totals(decoders, seq, inside) if self._reads_kv else 0
+            return self._decode_s(decoders, seq, inside if self._shape_window else 0, kv, moved_bytes)
         if self._kv_totals is not None and plan.whole_batch:
             kv = self._kv_totals(len(plan.prefill) + decoders, self.mem.held_seq, self.mem.held_window)
         else:

@@ -135,7 +135,8 @@ class Memory:
     def _free_pages(self, pages: list[int]) -> None:
         """Free the pages this layer still holds (never a GONE one: the pool
         took it back already and may have given it to another request)."""
-        held = [p for p in pages if p != GONE]
+        # GONE stands only where the ratchet's release drops the last binding
+        held = [p for p in pages if p != GONE] if self.release_drops else pages
         if held:
             self.pool.free_pages(held)
 
@@ -339,20 +340,21 @@ class Memory:
 
     def decode(self, reqs: list[Request]) -> list[int] | None:
         """One new position for every request in `reqs` (no eviction): the
-        virtual token ids the forward writes, in order, or None (nothing
-        allocated, every request as it was) on shortfall."""
+        virtual page each new position lies on (the page the forward writes
+        it to), in order, or None (nothing allocated, every request as it
+        was) on shortfall."""
         # Only requests whose new token opens a page change the pool; the
         # others write into their tail page (the pool's answer for them is
         # last_loc + 1), so they need no call: the pool ends in the same
         # state. One walk: each request's position advances as it is read
-        # (undone on a shortfall), openers get their id once the pool answers.
+        # (undone on a shortfall), openers get their page once the pool answers.
         ps, due_slot, cap = self.ps, self._due_slot, self.window_cap
         inside = 0  # requests whose new position is inside the window
-        ids: list[int] = []
+        pages: list[int] = []
         due: list[Request] = []  # position s + 1 puts a page boundary at the window's edge
         opening: list[Request] = []
-        spots: list[int] = []  # where the openers' ids go in `ids`
-        put = ids.append  # bound once: this loop runs over every decoder, every step
+        spots: list[int] = []  # where the openers' pages go in `pages`
+        put = pages.append  # bound once: this loop runs over every decoder, every step
         for r in reqs:
             s = r.seq
             r.seq = s + 1
@@ -362,14 +364,14 @@ class Memory:
             if s < cap:
                 inside += 1
             if m:  # position s on the tail page
-                put(r.pages[-1] * ps + m)
+                put(r.pages[-1])
             else:
                 opening.append(r)
-                spots.append(len(ids))
+                spots.append(len(pages))
                 put(-1)
         if opening:
             # Every opener's new position is its fresh page's first slot:
-            # alloc_decode would take one page each and answer page * ps.
+            # alloc_decode would take one page each (and answer page * ps).
             fresh = self.pool.take_pages(len(opening))
             if fresh is None:
                 for r in reqs:
@@ -377,12 +379,12 @@ class Memory:
                 return None
             for r, i, page in zip(opening, spots, fresh.tolist()):
                 r.pages.append(page)
-                ids[i] = page * ps  # the fresh page's first slot: position s
+                pages[i] = page
             self.held_pages += len(opening)
         self.held_seq += len(reqs)
         self.held_window += inside
         self.window_due = due
-        return ids
+        return pages
 
     def ratchet(self, reqs: list[Request]) -> int:
         """Release on the window band every own page fully out of the window;

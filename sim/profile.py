@@ -54,31 +54,56 @@ class Grid:
     forward_s: tuple[tuple[float, ...], ...]
     filled: frozenset[tuple[int, int]] = frozenset()
     _log_t: tuple[tuple[float, ...], ...] = field(init=False, repr=False, compare=False)
+    _log_rows: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _log_cols: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _near_filled: frozenset[tuple[int, int]] = field(init=False, repr=False, compare=False)
 
     def __call__(self, row: float, col: float) -> tuple[float, bool]:
         """(seconds at (row, col), whether the point lies outside the grid's
         measured cells: beyond its axes, or in a cell a filled corner bounds)."""
-        i, u, out_r = _cell(self.rows, row)
-        j, v, out_c = _cell(self.cols, col)
-        t = self._log_t
-        log_t = ((1 - u) * (1 - v) * t[i][j] + u * (1 - v) * t[i + 1][j]
-                 + (1 - u) * v * t[i][j + 1] + u * v * t[i + 1][j + 1])
+        return self.at_row(self.row_cell(row), col)
+
+    def row_cell(self, row: float) -> tuple[int, float, bool]:
+        """Where `row` lies on the row axis (`_cell`): what `at_row` takes,
+        so that a caller asking one row often may keep it."""
+        return _cell(self.rows, self._log_rows, row)
+
+    def at_row(self, row_cell: tuple[int, float, bool], col: float) -> tuple[float, bool]:
+        """`self(row, col)` with the row's `row_cell(row)` given."""
+        i, u, out_r = row_cell
+        j, v, out_c = _cell(self.cols, self._log_cols, col)
+        t, t_next = self._log_t[i], self._log_t[i + 1]
+        # the corners' weights: (1 - u)(1 - v), u(1 - v), (1 - u)v, uv
+        w00, w10, w01, w11 = (1 - u) * (1 - v), u * (1 - v), (1 - u) * v, u * v
+        log_t = w00 * t[j] + w10 * t_next[j] + w01 * t[j + 1] + w11 * t_next[j + 1]
         outside = out_r or out_c
-        if self.filled and not outside:  # a corner with weight reads a filled cell
-            outside = any((i + a, j + b) in self.filled for a, wa in ((0, 1 - u), (1, u))
-                          for b, wb in ((0, 1 - v), (1, v)) if wa * wb > 0)
+        if not outside and (i, j) in self._near_filled:  # a corner with weight reads a filled cell
+            filled = self.filled
+            outside = ((w00 > 0 and (i, j) in filled) or (w10 > 0 and (i + 1, j) in filled)
+                       or (w01 > 0 and (i, j + 1) in filled) or (w11 > 0 and (i + 1, j + 1) in filled))
         return math.exp(log_t), outside
 
     def __post_init__(self) -> None:
         # the log of every cell, once: each step's lookup reads four of them
         object.__setattr__(self, "_log_t", tuple(tuple(math.log(x) for x in r) for r in self.forward_s))
+        # and of each axis point's log1p (every lookup reads two per axis)
+        object.__setattr__(self, "_log_rows", tuple(math.log1p(x) for x in self.rows))
+        object.__setattr__(self, "_log_cols", tuple(math.log1p(x) for x in self.cols))
+        # the cells (i, j) with a filled corner: only there may a weight read one
+        object.__setattr__(self, "_near_filled", frozenset(
+            (i - a, j - b) for i, j in self.filled for a in (0, 1) for b in (0, 1)))
 
 
-def _cell(axis: tuple[float, ...], x: float) -> tuple[int, float, bool]:
+def _cell(axis: tuple[float, ...], log_axis: tuple[float, ...], x: float) -> tuple[int, float, bool]:
     """(index of the cell holding x, x's fraction across it in log1p space,
-    outside): outside the axis, the edge cell and a fraction < 0 or > 1."""
-    k = min(max(bisect.bisect_right(axis, x) - 1, 0), len(axis) - 2)
-    lo, hi = math.log1p(axis[k]), math.log1p(axis[k + 1])
+    outside): outside the axis, the edge cell and a fraction < 0 or > 1.
+    `log_axis`: log1p of each point of `axis`."""
+    k = bisect.bisect_right(axis, x) - 1  # clamped to the edge cells (no min/max calls: every step)
+    if k < 0:
+        k = 0
+    elif k > len(axis) - 2:
+        k = len(axis) - 2
+    lo, hi = log_axis[k], log_axis[k + 1]
     return k, (math.log1p(x) - lo) / (hi - lo), not axis[0] <= x <= axis[-1]
 
 
@@ -330,13 +355,19 @@ class ProfileStepCost:
         window_tokens: the model's window (None: none), for `shape_of`.
     """
 
+    reads_kv_bytes = False  # the measured forward times include the KV reads
+
     def __init__(self, profile: StepProfile, hw, window_tokens: int | None = None) -> None:
         from unikv.sim.roofline import shape_of
 
         self.profile, self.hw = profile, hw
         self.name = f"profile:{profile.path.name if profile.path else profile.model}"
         self.extrapolated_steps = 0
+        self.window_tokens = window_tokens
         self.shape_of = lambda plan, memory: shape_of(plan, memory, window_tokens)
+        # batch -> its cell on the decode grid's row axis (the grid never
+        # changes, so neither does a kept cell; a run sees a few dozen batches)
+        self._decode_rows: dict[int, tuple[int, float, bool]] = {}
 
     def __call__(self, prefill_tokens: int, decode_tokens: int, kv_bytes_read: int,
                  moved_bytes: int, shape=None) -> float:
@@ -349,6 +380,24 @@ class ProfileStepCost:
         context = shape.decode_context_tokens / decode_tokens if decode_tokens else 0.0
         forward, outside = self.profile.forward_s(chunk_tokens=chunk, cached_tokens=cached,
                                                   batch=decode_tokens, context_tokens=context)
+        self.extrapolated_steps += outside
+        return self.profile.non_forward_s + forward + move_s
+
+    def decode_s(self, decode_tokens: int, decode_context_tokens: int, decode_window_tokens: int,
+                 kv_bytes_read: int, moved_bytes: int) -> float:
+        """`self(0, decode_tokens, kv_bytes_read, moved_bytes, shape)` of a
+        step that only decodes, `shape` being `StepShape((),
+        decode_context_tokens, decode_window_tokens)`, with no shape built
+        (the executor's path for such steps): the decode grid at (batch,
+        mean context), the batch's row cell kept."""
+        move_s = self.move_time_s(moved_bytes)
+        if decode_tokens == 0:
+            return move_s
+        decode = self.profile.decode
+        cell = self._decode_rows.get(decode_tokens)
+        if cell is None:
+            cell = self._decode_rows[decode_tokens] = decode.row_cell(decode_tokens)
+        forward, outside = decode.at_row(cell, decode_context_tokens / decode_tokens)
         self.extrapolated_steps += outside
         return self.profile.non_forward_s + forward + move_s
 

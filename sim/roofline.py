@@ -119,14 +119,20 @@ class Roofline:
 
     def attention_flops(self, shape: StepShape, decode_tokens: int) -> float:
         """Score + value FLOPs of one step's attention (see module docstring)."""
+        return self._attention_flops(shape.prefill, shape.decode_context_tokens, shape.decode_window_tokens,
+                                     decode_tokens)
+
+    def _attention_flops(self, prefill_chunks: tuple[tuple[int, int], ...], decode_context_tokens: int,
+                         decode_window_tokens: int, decode_tokens: int) -> float:
+        """`attention_flops` of a shape given by its fields (`StepShape`)."""
         full_f, swa_f = self.pair_flops
         if not (full_f or swa_f):
             return 0.0
         # every query also attends the shared meta tokens (Hymba), in every layer
-        decode = shape.decode_context_tokens + self.meta * decode_tokens
+        decode = decode_context_tokens + self.meta * decode_tokens
         prefill = cached_total = 0
-        swa = shape.decode_window_tokens + self.meta * decode_tokens
-        for chunk, cached in shape.prefill:
+        swa = decode_window_tokens + self.meta * decode_tokens
+        for chunk, cached in prefill_chunks:
             prefill += window_pairs(cached, chunk, None) + self.meta * chunk
             if swa_f:
                 swa += window_pairs(cached, chunk, self.window)
@@ -145,15 +151,30 @@ class Roofline:
     def cost(self, *, prefill_tokens: int, decode_tokens: int, kv_bytes_read: int, moved_bytes: int,
              params_active: float, weight_bytes: float, shape: StepShape | None) -> StepCost:
         """The terms of one step's time; `shape` None charges no attention FLOPs."""
-        hw = self.hw
-        move_s = 2 * moved_bytes / hw.move_bytes_per_s
         tokens = prefill_tokens + decode_tokens
         if tokens == 0:
-            return StepCost(0.0, 0.0, 0.0, move_s)
+            return StepCost(0.0, 0.0, 0.0, 2 * moved_bytes / self.hw.move_bytes_per_s)
         attn = 0.0 if shape is None else self.attention_flops(shape, decode_tokens)
+        return StepCost(*self._terms(tokens, attn, kv_bytes_read, moved_bytes, params_active, weight_bytes))
+
+    def decode_s(self, decode_tokens: int, decode_context_tokens: int, decode_window_tokens: int,
+                 kv_bytes_read: int, moved_bytes: int, params_active: float, weight_bytes: float) -> float:
+        """`cost(...).total_s` of a step that only decodes (`decode_tokens` >
+        0 decoders, their contexts summed as `StepShape` sums them), with no
+        `StepShape` or `StepCost` built: the simulated engine's usual step."""
+        attn = self._attention_flops((), decode_context_tokens, decode_window_tokens, decode_tokens)
+        overhead_s, compute_s, hbm_s, move_s = self._terms(decode_tokens, attn, kv_bytes_read, moved_bytes,
+                                                           params_active, weight_bytes)
+        return overhead_s + max(compute_s, hbm_s) + move_s  # StepCost.total_s
+
+    def _terms(self, tokens: int, attn: float, kv_bytes_read: int, moved_bytes: int, params_active: float,
+               weight_bytes: float) -> tuple[float, float, float, float]:
+        """(overhead, compute, hbm, move) seconds of a step of `tokens` > 0
+        tokens and `attn` attention FLOPs."""
+        hw = self.hw
         compute_s = (2 * params_active * tokens + attn) / (hw.peak_flops * hw.mfu)
         hbm_s = (self.weight_bytes_read(weight_bytes, tokens) + kv_bytes_read) / (hw.hbm_bytes_per_s * hw.mbu)
-        return StepCost(hw.step_overhead_s, compute_s, hbm_s, move_s)
+        return hw.step_overhead_s, compute_s, hbm_s, 2 * moved_bytes / hw.move_bytes_per_s
 
     def shape_of(self, plan, memory) -> StepShape:
         """The `StepShape` of a planned step, this model's window applied (`shape_of`)."""

@@ -35,28 +35,47 @@ class StepPlan:
         prefill_tokens: the chunks summed.
         written: the virtual token ids the forward writes (the decoders'
             new positions, then the pages of every prefill chunk, one id per
-            page): Python ints (or an int array); `write_ids` has them as
-            int64.
+            page): Python ints (or an int array), or None: derived from
+            `write_pages` when asked (`write_ids`).
         whole_batch: the batch is every running request.
-        write_pages: the virtual page of each of `written`, as Python ints
+        write_pages: the virtual page of each written id, as Python ints
             (what the pool's hazards need: `Memory.begin_forward`), or None
             (the pool then derives them from `write_ids`).
+        page_size: tokens per page, for `write_ids` when `written` is None.
     """
 
     index: int
     prefill: list[tuple[Request, int]]
     decode: list[Request]
     prefill_tokens: int
-    written: list[int] | np.ndarray
+    written: list[int] | np.ndarray | None
     whole_batch: bool
     write_pages: list[int] | None = None
+    page_size: int = 0
 
     @property
     def write_ids(self) -> np.ndarray:
-        """`written` as a 1-D int64 array, built when asked: the simulated
-        engine hands the pool pages, so only an executor that runs the
-        forward reads the ids (an array a step would otherwise build)."""
-        return int64_ids(self.written)
+        """The written ids as a 1-D int64 array, built when asked: the
+        simulated engine hands the pool pages, so only an executor that
+        runs the forward reads the ids. Without `written`, each decoder's
+        id is its newest position (`seq - 1`) on its page and each chunk
+        page's id its first slot: ask before the step completes (the
+        decoders' positions move on at the next plan).
+
+        Raises:
+            ValueError: neither `written` nor `write_pages` (with a
+                positive `page_size`) is given.
+        """
+        if self.written is not None:
+            return int64_ids(self.written)
+        pages, ps = self.write_pages, self.page_size
+        if pages is None or ps <= 0:
+            raise ValueError(f"StepPlan {self.index}: write_ids needs written, or write_pages and a positive "
+                             f"page_size (got page_size={ps})")
+        n = len(self.decode)
+        ids = [p * ps + (r.seq - 1) % ps for r, p in zip(self.decode, pages)]
+        ids += [p * ps for p in pages[n:]]
+        return int64_ids(ids)
 
     def batch(self) -> list[Request]:
         """The requests the forward computes: prefills, then decoders."""
@@ -114,7 +133,7 @@ class Scheduler:
         token, then their next prefill chunk), then admissions into what is
         left of the chunk budget. `now`: the clock, in seconds."""
         retracted = self.counts["retracted"]
-        written = self._decode(now)
+        pages = self._decode(now)
         prefill = self._continue_prefills(now)
         prefill_tokens = sum([c for _, c in prefill]) if prefill else 0
         admitted = self._admit(self.prefill_budget - prefill_tokens, now)
@@ -122,28 +141,19 @@ class Scheduler:
             prefill += admitted
             prefill_tokens += sum([c for _, c in admitted])
         # A retraction takes its victim out of `decoding`, which is then the
-        # decode batch; decoders may have left since their ids were taken.
+        # decode batch; decoders may have left since their pages were read.
         decode = list(self.decoding)
-        if self.counts["retracted"] != retracted:
-            written = [r.last_loc(self.ps) for r in decode]
-        pages = self._writes(written, prefill)
-        return StepPlan(self.steps, prefill, decode, prefill_tokens, written,
-                        len(prefill) == len(self.prefilling), pages)
-
-    def _writes(self, written: list[int], prefill: list[tuple[Request, int]]) -> list[int]:
-        """Extend the decoders' `written` ids with one id per page of each
-        chunk; returns the page of each."""
         ps = self.ps
-        pages = [t // ps for t in written]
-        for r, chunk in prefill:
-            first, last = (r.seq - chunk) // ps, (r.seq - 1) // ps
-            chunk_pages = r.pages[first: last + 1]
-            written.extend([p * ps for p in chunk_pages])
-            pages += chunk_pages
-        return pages
+        if self.counts["retracted"] != retracted:
+            pages = [r.pages[(r.seq - 1) // ps] for r in decode]  # each one's newest position
+        for r, chunk in prefill:  # every page a chunk writes
+            pages += r.pages[(r.seq - chunk) // ps: (r.seq - 1) // ps + 1]
+        return StepPlan(self.steps, prefill, decode, prefill_tokens, None,
+                        len(prefill) == len(self.prefilling), pages, ps)
 
     def _decode(self, now: float) -> list[int]:
-        """One token for every decoding request (the ids they write)."""
+        """One token for every decoding request: the page each writes
+        (`Memory.decode`)."""
         if not self.decoding:
             return []
         mem = self.mem
@@ -182,9 +192,9 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_running and budget > 0:
             r = self.waiting[0]
             left = self._left  # the running requests' tokens to produce (see _reserve_holds)
+            context = r.context_tokens
             if mem.cache is None and not self._room_for(
-                    r.output_tokens - r.generated + r.context_tokens, 0, 0,
-                    min(r.context_tokens, budget), left):
+                    r.output_tokens - r.generated + context, 0, 0, min(context, budget), left):
                 # Without a cache there is no hit: the reserve is asked with
                 # the numbers take_hit would set, and a refusal leaves the
                 # request untouched (take_hit then _undo_admission would).

@@ -94,6 +94,8 @@ def test_the_shape_from_the_memory_totals_is_the_shape_of_a_walk(monkeypatch):
     seen = {"totals": 0, "steps": 0}
 
     class Checked(EngineStepCost):
+        decode_s = None  # every step's shape is built (the decode-only path is held equal below)
+
         def shape_of(self, plan, memory):
             got = shape_of(plan, memory, self.roofline.window)
             walked = shape_of(dataclasses.replace(plan, whole_batch=False), memory, self.roofline.window)
@@ -160,3 +162,27 @@ def test_a_model_without_mla_charges_one_pair_figure_for_prefill_and_decode():
     shape = StepShape(prefill=((512, 3000),), decode_context_tokens=9000)
     assert roof.attention_flops(shape, decode_tokens=7) == LLAMA.attention_pair_flops[0] * (
         window_pairs(3000, 512, None) + 9000)
+
+
+@pytest.mark.parametrize("model", [LLAMA, GPT_OSS, V2_LITE, load_model("gemma-3-12b"),
+                                   load_model("hymba-1.5b-base")], ids=lambda m: m.name)
+def test_a_decode_only_step_costs_the_same_without_a_shape(model):
+    engine = EngineStepCost(model, H200)
+    for decoders, context, window, kv, moved in itertools.product(
+            (0, 1, 7, 300), (0, 5, 12345, 10**7), (0, 1024, 4 * 10**5), (0, 10**6, 3 * 10**10), (0, 4096, 10**9)):
+        shape = StepShape((), context, window)
+        assert engine.decode_s(decoders, context, window, kv, moved) == engine(0, decoders, kv, moved, shape)
+
+
+@pytest.mark.parametrize("model, layout", [("gemma-3-12b", "end_end"),  # a profile
+                                           ("hymba-1.5b-base", "end_float_end")])  # the roofline
+def test_a_replay_is_the_same_without_the_decode_only_path(monkeypatch, model, layout):
+    from unikv.sim.profile import ProfileStepCost
+
+    config = RunConfig(trace_end_s=20, model=model, layout=layout, kv_budget_gib=1.0, oversize="reject")
+    fast = run(config)
+    assert fast.summary["steps"] > 100
+    monkeypatch.setattr(EngineStepCost, "decode_s", None)
+    monkeypatch.setattr(ProfileStepCost, "decode_s", None)
+    plain = run(config)
+    assert fast.steps.equals(plain.steps) and fast.requests.equals(plain.requests)

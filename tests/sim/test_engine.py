@@ -275,3 +275,40 @@ def test_every_bundled_window_only_model_replays_with_its_accounting_checked_eve
 
 def test_the_bundled_models_include_a_window_only_one():
     assert "mistral-7b-v0.1" in WINDOW_ONLY
+
+
+def test_the_clock_moves_by_itself_only_before_every_scheduled_event():
+    from unikv.sim.engine import Clock
+
+    env = Clock()
+    assert env.advance(0.25) and env.now == 0.25  # nothing scheduled
+    env.timeout(1.0)  # due at 1.25
+    assert env.advance(0.5) and env.now == 0.75
+    assert not env.advance(0.5) and env.now == 0.75  # the timeout falls at the new time: SimPy orders them
+    assert not env.advance(2.0) and env.now == 0.75
+    assert not env.advance(-0.1) and not env.advance(float("nan")) and env.now == 0.75
+    with pytest.raises(ValueError, match="Negative delay"):
+        env.timeout(-0.1)  # what the loop yields instead: refused as before
+    env.run()
+    assert env.now == 1.25
+
+
+def test_a_replay_is_the_same_when_every_step_yields_a_timeout(monkeypatch):
+    from unikv.sim.engine import Clock
+
+    config = RunConfig(trace_end_s=30)
+    steps = []
+    real = Clock.advance
+
+    def counted(self, delay):
+        moved = real(self, delay)
+        steps.append(moved)
+        return moved
+
+    monkeypatch.setattr(Clock, "advance", counted)
+    fast = run(config)
+    assert any(steps) and not all(steps)  # both paths taken
+    monkeypatch.setattr(Clock, "advance", lambda self, delay: False)
+    plain = run(config)
+    assert fast.steps.equals(plain.steps) and fast.requests.equals(plain.requests)
+    assert fast.summary == plain.summary

@@ -68,3 +68,31 @@ def test_moves_cost_what_the_cost_model_says_and_nothing_without_a_move_term():
 
     cost.move_time_s = lambda moved: moved * 1e-3
     assert CostModelExecutor(mem, cost, Reader()).move_time_s(2000) == 2.0
+
+
+def test_a_decode_only_whole_batch_is_costed_from_the_totals_as_its_shape_is():
+    from unikv.sim.cost import EngineStepCost, HardwareSpec
+    from unikv.sim.models import load_model
+    from unikv.sim.run import KVRead
+
+    model = load_model("llama-3.1-8b")
+    mem, _, _, _ = setup()
+    a, b = Request(0, 0.0, 4, 9), Request(1, 0.0, 6, 9)
+    for r, n in ((a, 4), (b, 6)):
+        mem.take_hit(r, 0.0)
+        mem.extend(r, n)
+    shaped = []
+
+    class Shaped(EngineStepCost):  # the plain path: the shape built and passed
+        def __call__(self, *args):
+            shaped.append(args)
+            return super().__call__(*args)
+
+    cost = Shaped(model, HardwareSpec.h200())
+    ex = CostModelExecutor(mem, cost, KVRead(model))
+    whole = ex.duration_s(plan(True, [], [a, b]), 4096)
+    assert not shaped  # the decode path took it
+    partial = ex.duration_s(plan(False, [], [a, b]), 4096)  # the same batch, walked
+    assert shaped and whole == partial
+    ex._decode_s = None
+    assert ex.duration_s(plan(True, [], [a, b]), 4096) == whole

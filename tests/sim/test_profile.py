@@ -3,6 +3,7 @@ selection by default, and benchmarks/profile_accuracy.py. Every profile here is
 generated from a known analytic function, so the interpolation error is checkable;
 none is a measurement."""
 
+import bisect
 import importlib.util
 import json
 import math
@@ -239,3 +240,51 @@ def test_unmeasured_cells_are_extrapolated_along_the_row_then_the_column():
     assert all(v > 0 for r in got for v in r)
     with pytest.raises(ValueError, match="too few measured neighbours"):
         fill_unmeasured((1, 2), (1, 2), [[1.0, None], [None, None]])
+
+
+def test_a_decode_only_step_costs_the_same_without_a_shape():
+    plain = ProfileStepCost(StepProfile.from_dict(make(decode=lambda b, c: 1e-3 + 1e-6 * b * c ** 0.5)), H200)
+    fast = ProfileStepCost(StepProfile.from_dict(make(decode=lambda b, c: 1e-3 + 1e-6 * b * c ** 0.5)), H200)
+    for _ in range(2):  # the second pass reads the kept row cells
+        for decoders in (0, 1, 3, 8, 9, 64, 255, 256, 400):
+            for context in (0, 7, 1024, 5000, 65536, 10**6):
+                for moved in (0, 10**9):
+                    total = decoders * context
+                    assert fast.decode_s(decoders, total, 17, 99, moved) == plain(
+                        0, decoders, 99, moved, StepShape((), total, 17))
+    assert fast.extrapolated_steps == plain.extrapolated_steps > 0
+
+
+def plain_lookup(grid, row, col):
+    """The grid lookup as first written (the readable form `Grid.at_row` must equal bit for bit)."""
+    def cell(axis, x):
+        k = min(max(bisect.bisect_right(axis, x) - 1, 0), len(axis) - 2)
+        lo, hi = math.log1p(axis[k]), math.log1p(axis[k + 1])
+        return k, (math.log1p(x) - lo) / (hi - lo), not axis[0] <= x <= axis[-1]
+
+    i, u, out_r = cell(grid.rows, row)
+    j, v, out_c = cell(grid.cols, col)
+    t = [[math.log(x) for x in r] for r in grid.forward_s]
+    log_t = ((1 - u) * (1 - v) * t[i][j] + u * (1 - v) * t[i + 1][j]
+             + (1 - u) * v * t[i][j + 1] + u * v * t[i + 1][j + 1])
+    outside = out_r or out_c
+    if grid.filled and not outside:
+        outside = any((i + a, j + b) in grid.filled for a, wa in ((0, 1 - u), (1, u))
+                      for b, wb in ((0, 1 - v), (1, v)) if wa * wb > 0)
+    return math.exp(log_t), outside
+
+
+def test_the_grid_lookup_equals_its_plain_form_bit_for_bit():
+    data = make(decode=lambda b, c: 1e-3 + 1e-6 * b * c ** 0.5)
+    data["decode"]["filled"] = [[(i, j) in {(2, 3), (3, 2), (3, 3)} for j in range(4)] for i in range(4)]
+    prof = StepProfile.from_dict(data)
+    grids = (prof.decode, prof.prefill, prof.mixed)
+    points = (0, 0.5, 1, 3, 8, 63.9, 64, 100, 256, 300, 1024, 5000, 8192, 20000, 65536, 10**6)
+    flagged = 0
+    for grid in grids:
+        for row in points:
+            for col in points:
+                got = grid(row, col)
+                assert got == plain_lookup(grid, row, col) and type(got[1]) is bool
+                flagged += got[1]
+    assert flagged > 0

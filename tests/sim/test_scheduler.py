@@ -143,3 +143,25 @@ def test_the_scheduler_module_needs_no_simpy():
     code = "import sys, unikv.sim.scheduler, unikv.sim.executor; print('simpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_write_ids_are_the_decoders_newest_positions_then_one_id_per_chunk_page():
+    import pytest
+    from unikv.sim.scheduler import StepPlan
+
+    layout = Layout(total_bytes=400 + 400 * 20, bands=[Band("full", entry_bytes=100, grow="down", page_size=4)])
+    sched = scheduler(UnifiedPool(layout, backend=SimBackend(), compaction="eager"), budget=6)
+    a, b, c = Request(0, 0.0, 5, 9), Request(1, 0.0, 4, 9), Request(2, 0.0, 9, 9)
+    for r in (a, b, c):
+        sched.arrive(r)
+    step(sched, 0.0)  # a (5) and 1 token of b: b's prefill goes on next step
+    step(sched, 1.0)
+    plan = sched.plan(2.0)  # a decodes mid-page; b decodes into a fresh page; c's chunk spans pages
+    assert plan.decode == [a, b] and plan.written is None and [r.rid for r, _ in plan.prefill] == [2]
+    chunk = plan.prefill[0][1]
+    chunk_pages = c.pages[(c.seq - chunk) // 4: (c.seq - 1) // 4 + 1]
+    assert len(chunk_pages) > 1 and b.seq % 4 == 1 and a.seq % 4 != 1
+    assert plan.write_ids.tolist() == [a.last_loc(4), b.last_loc(4)] + [p * 4 for p in chunk_pages]
+    assert plan.write_pages == [t // 4 for t in plan.write_ids.tolist()]
+    with pytest.raises(ValueError, match="page_size=0"):
+        _ = StepPlan(0, [], [a], 0, None, True, [3]).write_ids
