@@ -209,21 +209,13 @@ def test_a_real_replay_of_a_bundled_slice_writes_the_cost_replays_tables(tmp_pat
     files; with the cost clock its steps and requests equal a cost-model
     replay's, step for step (same boundaries, same memory decisions), and
     its summary holds the cost replay's columns plus the executor's."""
-    path = llama_config(tmp_path)  # makes cli_probe importable
-    from cli_probe import RUN_FILES, run_cli
+    from tests.sim.real.replays import real_and_cost_replays
 
+    path = llama_config(tmp_path)
     common = ["replay", "--trace", "azure_conv", "--max-requests", "6", "--max-context-tokens", "40",
               "--model", path, "--kv-cache-dtype", "fp32", "--kv-budget-gib", "0.00004", "--page-size", "4",
               "--oversize", "reject", "--no-oracle", "--no-figures", "-q"]
-    real = run_cli([*common, "--executor", "real", "--real-clock", "cost", "--out", tmp_path / "real"])
-    cost = run_cli([*common, "--out", tmp_path / "cost"])
-    assert real.rc == 0 and cost.rc == 0, (real.stderr, cost.stderr)
-    assert {p.name for p in (tmp_path / "real").iterdir()} == set(RUN_FILES["parquet"])
-    for table in ("steps", "requests"):
-        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "real" / f"{table}.parquet"),
-                                      pd.read_parquet(tmp_path / "cost" / f"{table}.parquet"))
-    got = json.loads((tmp_path / "real" / "summary.json").read_text())
-    want = json.loads((tmp_path / "cost" / "summary.json").read_text())
+    got, want = real_and_cost_replays(tmp_path, common, ["--executor", "real", "--real-clock", "cost"])
     assert set(want["summary"]) < set(got["summary"])
     assert got["summary"]["executor"] == "real" and got["summary"]["real_steps"] == len(
         pd.read_parquet(tmp_path / "real" / "steps.parquet"))

@@ -222,23 +222,13 @@ def test_unikv_replay_of_a_bundled_slice_with_a_hybrid_writes_the_cost_replays_t
     keeps them) writes the usual files; with the cost clock its steps and
     requests equal a cost-model replay's, and its summary holds the cost
     replay's columns plus the executor's, the state binding's time included."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bad_input"))
-    from cli_probe import RUN_FILES, run_cli
+    from tests.sim.real.replays import real_and_cost_replays
 
     path = config_file(tmp_path)
     common = ["replay", "--trace", "azure_conv", "--max-requests", "6", "--max-context-tokens", "40",
               "--model", path, "--kv-cache-dtype", "bf16", "--no-prefix-cache", "--kv-budget-gib", "0.0001",
               "--page-size", "4", "--oversize", "reject", "--no-oracle", "--no-figures", "-q"]
-    real = run_cli([*common, "--executor", "real", "--dtype", "bf16", "--real-clock", "cost",
-                    "--out", tmp_path / "real"])
-    cost = run_cli([*common, "--out", tmp_path / "cost"])
-    assert real.rc == 0 and cost.rc == 0, (real.stderr, cost.stderr)
-    assert {p.name for p in (tmp_path / "real").iterdir()} == set(RUN_FILES["parquet"])
-    for table in ("steps", "requests"):
-        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "real" / f"{table}.parquet"),
-                                      pd.read_parquet(tmp_path / "cost" / f"{table}.parquet"))
-    got = json.loads((tmp_path / "real" / "summary.json").read_text())["summary"]
-    want = json.loads((tmp_path / "cost" / "summary.json").read_text())["summary"]
+    real, cost = real_and_cost_replays(tmp_path, common,
+                                       ["--executor", "real", "--dtype", "bf16", "--real-clock", "cost"])
+    got, want = real["summary"], cost["summary"]
     assert set(want) < set(got) and got["executor"] == "real" and got["real_state_s_total"] > 0
