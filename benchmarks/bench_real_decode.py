@@ -188,10 +188,59 @@ def sized_splits(spec, kind: str, batch: int, context: int, steps: int, need: in
     yield None
 
 
+KERNEL_KINDS = (("attention", ("_attention_kernel", "_combine_kernel", "attention")),
+                ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitk", "sm90_", "cublas")),
+                ("fused", ("triton_",)), ("copy", ("memcpy", "memset", "copy")))
+
+
+def kernel_kind(name: str) -> str:
+    """The kind of a GPU kernel, by its name: attention (unikv's paged
+    attention), matmul (cuBLAS / CUTLASS), fused (inductor's Triton
+    kernels), copy, or other (eager elementwise, reductions, indexing)."""
+    low = name.lower()
+    for kind, keys in KERNEL_KINDS:
+        if any(k in low for k in keys):
+            return kind
+    return "other"
+
+
+def kernel_breakdown(run_step, reps: int, table: Path | None = None) -> dict:
+    """Device time per step of each kernel kind over `reps` calls of
+    `run_step` under torch.profiler (CUPTI records the kernels a graph
+    replay launches), and the kernel count; the `table` file gets the 25
+    kernels that took longest in all."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            run_step()
+        torch.cuda.synchronize()
+    sums: dict[str, float] = {}
+    count = 0
+    for e in prof.key_averages():
+        us = e.self_device_time_total  # a runtime call's own device time is 0: no kernel counts twice
+        if not us or e.key.startswith(("cudaGraph", "cudaLaunch", "cudaStream", "cudaEvent", "cudaMemcpyAsync")):
+            continue
+        kind = kernel_kind(e.key)
+        sums[kind] = sums.get(kind, 0.0) + us / 1e3 / reps
+        count += e.count
+    out = {f"k_{kind}_ms": round(ms, 4) for kind, ms in sorted(sums.items())}
+    out["k_total_ms"] = round(sum(sums.values()), 4)
+    out["k_per_step"] = count // reps
+    if table is not None:
+        table.parent.mkdir(parents=True, exist_ok=True)
+        table.write_text(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25))
+    return out
+
+
 def run_case(lm, spec, placed, kind: str, batch: int, context: int, steps: int, max_pages: int,
-             compile_mode: str | None = None):
+             compile_mode: str | None = None, kernels: Path | None = None):
     """One grid case; `compile_mode`: the decode forward through
-    `torch.compile` in that mode (None: uncompiled)."""
+    `torch.compile` in that mode (None: uncompiled); `kernels`: a folder
+    for the case's kernel table, and the kernel kinds' device time per
+    step in the row (`kernel_breakdown` over the last step's batch)."""
     import torch
     from unikv.sim.layouts import build_layout
     from unikv.sim.real.graphs import DecodeGraphs
@@ -246,6 +295,11 @@ def run_case(lm, spec, placed, kind: str, batch: int, context: int, steps: int, 
                 host.append(t1 - t0)
                 device.append(start.elapsed_time(stop) / 1e3 if cuda else t2 - t1)
     stats = graphs.stats()
+    breakdown = {}
+    if kernels is not None and cuda:
+        name = f"{spec.name}_{kind}_b{batch}_c{context}_" \
+               f"{'compiled' if compile_mode else 'eager'}.txt"
+        breakdown = kernel_breakdown(lambda g=graphs, b=batch_in: g.run(b), 5, kernels / name)
     # the device path against the readable one after the last step, and what
     # rebuilding the tables on the host (the old per-step path) would cost now
     equal = all(torch.equal(views.translate_pages(batch_in.page_rows, band), views.block_table(case.pages, band))
@@ -274,7 +328,7 @@ def run_case(lm, spec, placed, kind: str, batch: int, context: int, steps: int, 
             "host_alloc_ms": 1e3 * statistics.median(case.alloc_s[-len(host):]),
             "tables_equal": equal, "picks_equal_eager": agree, "host_rebuild_ms": 1e3 * statistics.median(rebuild),
             "host_ms_p90": 1e3 * sorted(host)[int(0.9 * (len(host) - 1))],
-            "capture_failure": "; ".join(stats["failures"].values())[:200]}
+            "capture_failure": "; ".join(stats["failures"].values())[:200], **breakdown}
 
 
 def run_overlap(lm, spec, placed, batch: int, context: int, steps: int, churn: int, mode: str,
@@ -425,6 +479,9 @@ def main(argv=None) -> int:
     ap.add_argument("--trace-dir", type=Path, default=None, help="--overlap: where the Chrome traces go")
     ap.add_argument("--smoke", type=Path, default=None, metavar="CONFIG",
                     help="check the script on the CPU: fp32, this (small) config")
+    ap.add_argument("--kernels", type=Path, default=None, metavar="DIR",
+                    help="also profile each case's graph replay (torch.profiler): device time per step of each "
+                         "kernel kind in the rows (k_*_ms), the top kernels' table per case in DIR")
     args = ap.parse_args(argv)
     import torch
 
@@ -460,7 +517,8 @@ def main(argv=None) -> int:
                                "compile": args.compile if compiled else False, "weight_bytes": spec.weight_bytes}
                         try:
                             row.update(run_case(lm, spec, placed, kind, batch, context, args.steps, max_pages,
-                                                compile_mode=args.compile if compiled else None))
+                                                compile_mode=args.compile if compiled else None,
+                                                kernels=args.kernels))
                         except Exception as exc:  # one case's failure is reported; the grid goes on
                             row["status"] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
                         finally:  # the case's pool, views and graphs go before the next is sized
