@@ -213,7 +213,7 @@ def kernel_breakdown(run_step, reps: int, table: Path | None = None) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             run_step()
         torch.cuda.synchronize()

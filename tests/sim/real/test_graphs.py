@@ -144,6 +144,7 @@ class Decoding:
         new = np.asarray(self.pool.alloc_decode(seq, np.array([self.vids[r][-1] for r in rows])))
         for r, v in zip(rows, new):
             self.vids[r] = np.append(self.vids[r], v)
+        self.pool.commit()  # the step's table changes to the device tables the graph reads, as build_batch does
         pages = self.pages(rows)
         width = max(len(p) for p in pages)
         page_rows = torch.zeros((len(rows), width), dtype=torch.int64)
