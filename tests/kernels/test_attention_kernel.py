@@ -100,8 +100,10 @@ def test_plan_from_shapes():
     assert decode["BLOCK_Q"] * 8 == decode["BLOCK_M"] == 16 and decode["SPLITS"] > 1
     big = kernel.plan(tokens=256, batch=256, group=2, head_dim=256, key_bound=8192, sm_count=132)
     assert big["SPLITS"] == 1  # enough programs already
-    short = kernel.plan(tokens=1, batch=1, group=2, head_dim=128, key_bound=300, sm_count=132)
+    short = kernel.plan(tokens=1, batch=1, group=2, head_dim=128, key_bound=100, sm_count=132)
     assert short["SPLITS"] == 1  # too few keys to split
+    window = kernel.plan(tokens=1, batch=1, group=2, head_dim=256, key_bound=1024 + 128, sm_count=132)
+    assert window["SPLITS"] == 18  # Gemma-3's window at batch 1: 18 splits of >= 64 keys, 144 programs
     prefill = kernel.plan(tokens=4096, batch=2, group=4, head_dim=128, key_bound=8192, sm_count=132)
     assert prefill["BLOCK_M"] == 128 and prefill["BLOCK_Q"] == 32 and prefill["SPLITS"] == 1
     assert kernel.plan(tokens=1, batch=1, group=64, head_dim=64, key_bound=10, sm_count=1)["BLOCK_M"] == 64

@@ -55,7 +55,10 @@ from unikv.kernels.launch import cdiv, interpreted, next_pow2, runs_triton
 
 LOG2E = tl.constexpr(1.4426950408889634)  # a constexpr: jit code reads no other globals
 MAX_SPLITS = 32
-SPLIT_MIN_KEYS = 256  # a split below this many keys costs more in the reduce than it saves
+# The fewest keys worth a split of their own. 256 left a 1,152-key window (Gemma-3's
+# 1,024 + a tile) with 4 splits, 32 programs on 132 SMs: 18.3 us for a batch-1 decode
+# that SDPA on dense K/V does in 8.8 us (results/real/h200/attention.csv, 6fe91e4).
+SPLIT_MIN_KEYS = 64
 
 
 @triton.jit
