@@ -479,6 +479,9 @@ def main(argv=None) -> int:
     ap.add_argument("--trace-dir", type=Path, default=None, help="--overlap: where the Chrome traces go")
     ap.add_argument("--smoke", type=Path, default=None, metavar="CONFIG",
                     help="check the script on the CPU: fp32, this (small) config")
+    ap.add_argument("--fuse", action="store_true",
+                    help="the model's q/k/v and gate/up projections fused, one matmul each (sim.real.fuse), "
+                         "as the real executor runs them with --compile-decode")
     ap.add_argument("--kernels", type=Path, default=None, metavar="DIR",
                     help="also profile each case's graph replay (torch.profiler): device time per step of each "
                          "kernel kind in the rows (k_*_ms), the top kernels' table per case in DIR")
@@ -507,6 +510,10 @@ def main(argv=None) -> int:
         spec = load_model(str(path), kv_cache_dtype=DTYPE)
         lm = build_model(path, dtype=DTYPE, device=DEVICE, seed=0)
         lm.set_attn_implementation(attention.register(mask=False))
+        if args.fuse:
+            from unikv.sim.real.fuse import fuse_projections
+
+            print(f"{name}: fused {fuse_projections(lm)}", flush=True)
         placed = layers.model_layers(lm.config, torch_dtype(DTYPE))
         max_pages = -(-(max(args.context) + args.steps + 4 * PS) // PS) + 1
         for kind in args.layouts:
@@ -514,7 +521,8 @@ def main(argv=None) -> int:
                 for batch in args.batch:
                     for compiled in (False, True) if args.compile is not None else (False,):
                         row = {"model": name, "layout": kind, "batch": batch, "context": context,
-                               "compile": args.compile if compiled else False, "weight_bytes": spec.weight_bytes}
+                               "compile": args.compile if compiled else False, "fused": args.fuse,
+                               "weight_bytes": spec.weight_bytes}
                         try:
                             row.update(run_case(lm, spec, placed, kind, batch, context, args.steps, max_pages,
                                                 compile_mode=args.compile if compiled else None,

@@ -175,6 +175,8 @@ class RunConfig:
             attention and the KV write one opaque operator, inside the
             captured graph (`DecodeGraphs(compile=True)`); a bucket whose
             compile or capture fails runs uncompiled and the summary says why.
+            The model's q/k/v and gate/up projections then run as one
+            matmul each in every step (`sim.real.fuse`), as engines hold them.
     """
 
     trace: str = _opt("azure_conv", "bundled sample name or trace file path")
@@ -206,7 +208,8 @@ class RunConfig:
     decode_graphs: bool = _opt(False, "real executor: decode steps through static per-bucket buffers, "
                                       "captured as CUDA graphs on a GPU")
     compile_decode: bool = _opt(False, "real executor with --decode-graphs: each decoder layer compiled with "
-                                       "torch.compile (inductor) inside the captured decode graph")
+                                       "torch.compile (inductor) inside the captured decode graph, and the "
+                                       "q/k/v and gate/up projections fused")
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:

@@ -72,6 +72,7 @@ class RealExecutor:
         self.cost = cost
         self.graphs = graphs
         self.binder = binder
+        self.fused: dict | None = None  # what `fuse_projections` fused (build_real_executor), if it ran
         self.state_band = state_band
         self.cache_kwarg = cache_kwarg(model) if binder is not None else ""
         self.rows = BlockRows(memory.pool, self.bands, device)  # requests' virtual pages, kept on the device
@@ -315,6 +316,11 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
         raise ValueError(f"layout={config.layout!r}: the real executor cannot view this pool ({exc})") from None
     # a graph capture may not read the device: no mask preprocessing then (attention.register)
     lm.set_attn_implementation(attention.register(mask=not config.decode_graphs))
+    fused = None
+    if config.compile_decode:  # as engines hold them: one matmul per group, in every step
+        from unikv.sim.real.fuse import fuse_projections
+
+        fused = fuse_projections(lm)
     bands = sorted({s.band for s in placed.kv})
     block = memory.cache.block_tokens if memory.cache is not None else None
     tokens = TokenSource(vocab_size=int(lm.config.vocab_size), block_tokens=block, seed=config.seed)
@@ -327,6 +333,7 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
                               compile=config.compile_decode)
     executor = RealExecutor(memory, lm, views, tokens, bands=bands, device=config.device, cost=cost, graphs=graphs,
                             binder=binder, state_band=memory.state_band if binder is not None else None)
+    executor.fused = fused
     if executor.cuda and config.real_clock == "measured":  # start-up work an engine does before its clock runs
         executor.warm_up(config.scheduler.max_running)
     return executor
@@ -416,4 +423,6 @@ def executor_summary(config, executor: RealExecutor) -> dict:
                    graph_capture_failures={str(k): v for k, v in stats["failures"].items()})
         if config.compile_decode:
             out.update(graph_compile_failures={str(k): v for k, v in stats.get("compile_failures", {}).items()})
+    if executor.fused is not None:
+        out["fused_projections"] = executor.fused
     return out

@@ -292,3 +292,26 @@ def test_the_warm_up_touches_only_the_sink_and_builds_every_bucket_first(tmp_pat
     assert seen["buckets"] == [1, 2, 4, 8, 16]  # the cap is 16 running requests
     assert ex.generated == plain_ex.generated
     pd.testing.assert_frame_equal(got.steps.drop(columns=["step_time_s"]), plain.steps.drop(columns=["step_time_s"]))
+
+
+def test_a_compiled_decode_replay_fuses_the_projections_and_keeps_the_cost_replays_tables(tmp_path, monkeypatch,
+                                                                                          one_thread):
+    """`--decode-graphs --compile-decode`: every layer's q/k/v and gate/up run
+    fused (the summary counts them), the decode buckets compile without a
+    failure, and the tables still equal a cost-model replay's."""
+    from unikv.sim.real.graphs import DecodeGraphs
+
+    from tests.sim.real.replays import real_and_cost_replays
+
+    # inductor's C++ build takes about a minute on 2 CPU cores; dynamo + AOTAutograd trace the same graphs
+    monkeypatch.setitem(DecodeGraphs.__init__.__kwdefaults__, "compile_backend", "aot_eager")
+    path = llama_config(tmp_path)
+    layers = json.loads(path.read_text())["num_hidden_layers"]
+    common = ["replay", "--trace", "azure_conv", "--max-requests", "6", "--max-context-tokens", "200",
+              "--model", path, "--kv-cache-dtype", "fp32", "--kv-budget-gib", "0.0004", "--page-size", "4",
+              "--oversize", "reject", "--no-oracle", "--no-figures", "-q"]
+    got, _ = real_and_cost_replays(tmp_path, common, ["--executor", "real", "--real-clock", "cost",
+                                                      "--decode-graphs", "--compile-decode"])
+    summary = got["summary"]
+    assert summary["fused_projections"] == {"attention": layers, "mlp": layers, "skipped": {}}
+    assert summary["graph_steps"] > 0 and summary["graph_compile_failures"] == {}

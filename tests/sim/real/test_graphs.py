@@ -222,6 +222,22 @@ def test_decode_steps_give_transformers_greedy_tokens_compiled_or_not(tiny, opti
     assert compiled == ([4, 0] if options else [0, 0])
 
 
+def test_fused_projections_decode_transformers_greedy_tokens_compiled(tiny):
+    """The model with q/k/v and gate/up fused (`sim.real.fuse`), compiled and
+    (on CUDA) captured: transformers' greedy tokens still."""
+    import copy
+
+    from unikv.sim.real.fuse import fuse_projections
+
+    device, model, layers, prompts, want = tiny
+    fused = copy.deepcopy(model)
+    assert fuse_projections(fused)["attention"] == len(model.model.layers)
+    run = Decoding(fused, layers, device, compile=True, compile_backend="aot_eager")
+    assert run.run(prompts) == want
+    stats = run.graphs.stats()
+    assert stats["compile_failures"] == {} and stats["compiled"] == [1, 2, 4]
+
+
 def test_a_compile_that_fails_is_recorded_and_the_bucket_runs_uncompiled(tiny):
     """A backend that raises: each bucket records the error and decodes
     uncompiled, with transformers' tokens still."""
