@@ -217,6 +217,9 @@ def test_profile_accuracy_refuses_mismatched_pairs(tmp_path, capsys):
     held = write(tmp_path / "held.json", make(model="llama-3.1-8b"))
     assert profile_accuracy.main([str(fit), str(held)]) == 2
     assert "does not match" in capsys.readouterr().err
+    held = write(tmp_path / "held.json", make() | {"step_forwards": "per_chunk"})
+    assert profile_accuracy.main([str(fit), str(held)]) == 2
+    assert "step_forwards='per_chunk' does not match the fitted one's 'packed'" in capsys.readouterr().err
     assert profile_accuracy.main([str(fit)]) == 2
     assert not math.isnan(profile_accuracy.p90([1.0, 2.0]))
 

@@ -13,6 +13,7 @@ config on the h200 then prices its steps from it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -70,6 +71,10 @@ def test_the_smoke_profile_is_written_per_chunk_and_loads(smoke):
     assert fit.prefill.rows == (8, 16) and fit.decode.cols == (16, 40) and held.mixed.rows == (12, 16)
     assert all(t > 0 for grid in (fit.prefill, fit.decode, fit.mixed) for row in grid.forward_s for t in row)
     assert log.count(" ms (reps ") == 2 * 12  # every point of both files measured
+    accuracy = importlib.util.spec_from_file_location("profile_accuracy", ROOT / "benchmarks" / "profile_accuracy.py")
+    module = importlib.util.module_from_spec(accuracy)
+    accuracy.loader.exec_module(module)
+    assert [r["points"] for r in module.accuracy_rows(fit, held)] == [4, 4, 4, 12]
 
 
 def test_a_replay_of_the_hybrid_uses_its_profile_and_says_so(smoke, monkeypatch, tmp_path):
