@@ -436,7 +436,7 @@ def _smoke(args) -> tuple[Path, str]:
     STATE_HELDOUT.update(HELDOUT)
     args.mixed_context = min(args.mixed_context, 32)
     CALIBRATION.update(max_requests=4, max_context_tokens=96, kv_budget_gib=0.05)
-    STATE_CALIBRATION.update(max_requests=4, max_context_tokens=96)
+    STATE_CALIBRATION.update(max_requests=6, max_context_tokens=96)  # its first 4 requests decode no token
     return config_json, dtype
 
 
@@ -455,6 +455,7 @@ def main(argv=None) -> int:
                     help="check the script on the CPU: fp32 (bf16 with recurrent state), this (small) config, "
                          "tiny grids")
     args = ap.parse_args(argv)
+    started = time.perf_counter()
     import torch
     from unikv.sim.models import load_model
     from unikv.sim.real import attention, layers
@@ -485,6 +486,7 @@ def main(argv=None) -> int:
     placed = layers.model_layers(lm.config, real_model.torch_dtype(dtype))
     state = bool(placed.recurrent)
     calibrated = non_forward(config_json, dtype, state)
+    print(f"calibrated ({time.perf_counter() - started:.0f} s since the start)", flush=True)
     command = "python benchmarks/profile_model.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.calibrate_only:
         for path in (args.out, args.heldout):
@@ -507,7 +509,7 @@ def main(argv=None) -> int:
             profile["step_forwards"] = "per_chunk"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(profile, indent=1) + "\n")
-        print(f"wrote {path}", flush=True)
+        print(f"wrote {path} ({time.perf_counter() - started:.0f} s since the start)", flush=True)
     return 0
 
 
