@@ -35,6 +35,19 @@ def test_each_check_names_why_a_model_cannot_be_profiled(bench, model, refusal):
     assert got == refusal if refusal is None else refusal in got
 
 
+def test_an_mla_model_is_refused_by_name(bench):
+    coverage, _ = bench
+    import torch
+    from transformers import AutoModelForCausalLM
+    from unikv.sim.real.model import hf_config
+
+    config = ROOT / "tests" / "data" / "configs" / "deepseek-ai--DeepSeek-V2-Lite-Chat_config.json"
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(hf_config(config), dtype=torch.bfloat16)
+    assert coverage.executor_error(lm, config).startswith(
+        "the real executor refuses it: config kv_lora_rank=512: MLA is not described")
+
+
 def test_weights_are_counted_as_the_executor_builds_them_in_bf16(bench):
     coverage, _ = bench
     oss = coverage.check("gpt-oss-20b", "h200")  # its MXFP4 checkpoint is built (and was profiled) in bf16
