@@ -54,6 +54,9 @@ time does not depend on the weights' values.
     python benchmarks/profile_model.py --model gemma-3-12b --gpu h200 \\
         --out sim/data/profiles/gemma-3-12b__h200.json \\
         --heldout results/profiles/gemma-3-12b__h200_heldout.json
+    python benchmarks/profile_model.py --model nemotron-3-nano-30b-a3b --gpu h200 --reps 3 \\
+        --out sim/data/profiles/nemotron-3-nano-30b-a3b__h200.json \\
+        --heldout results/profiles/h200/nemotron-3-nano-30b-a3b__h200_heldout.json
 """
 
 from __future__ import annotations
