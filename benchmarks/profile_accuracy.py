@@ -57,6 +57,9 @@ def accuracy_rows(fit: StepProfile, held: StepProfile) -> list[dict]:
     if (fit.model, fit.gpu) != (held.model, held.gpu):
         raise ValueError(f"held-out profile of {held.model!r} on {held.gpu!r} does not match the fitted "
                          f"{fit.model!r} on {fit.gpu!r}")
+    if fit.step_forwards != held.step_forwards:  # measured as another executor runs its steps
+        raise ValueError(f"held-out profile with step_forwards={held.step_forwards!r} does not match the "
+                         f"fitted one's {fit.step_forwards!r}")
     rows, every = [], []
     for grid in GRIDS:
         errors = point_errors(fit, held, grid)

@@ -13,11 +13,29 @@ of `--reps` timed forwards (CUDA events) after WARMUPS untimed ones:
   pool;
 - mixed: one chunk of `chunk` tokens (no cache) packed with B decoders at
   `--mixed-context` tokens;
+- a model with recurrent state (Nemotron-H's Mamba-2 layers: the real
+  executor binds them, `sim.real.state.StateBinder`) runs each point as
+  the executor runs its steps (`sim.real.executor.state_plans`): its pool
+  has a state band and every request a state slot; the chunk runs alone
+  (packed, one request), the decoders as one eager `[B, 1]` forward (no
+  CUDA graph: the state gather / scatter is not captured); around each
+  forward the requests' state is gathered from their slots and scattered
+  back after, inside the timed span as in the executor's forward time.
+  The profile says `"step_forwards": "per_chunk"` (`sim.profile`). Its
+  grids are STATE_FIT / STATE_HELDOUT: its eager prefill runs
+  transformers' reference Mamba-2 path (no mamba_ssm kernels on the GPU
+  machine) at about 0.35 ms a token, so the chunk axes stop at 4,096 and
+  the mixed and cached axes are coarser, to keep a run near 200 s;
 - non-forward time: the real executor's own step time outside its forward
   (batch build, flush and moves, reading the sampled tokens back),
   measured on a replay of a calibration slice no validation cell replays
   (`CALIBRATION`); `--calibrate-only` re-measures it into existing files
   (after a change to the executor's host work).
+
+A model `benchmarks/profile_coverage.py` finds unprofilable (no bundled
+config.json, not buildable, layers the executor does not run (MLA,
+unbound recurrent layers), weights that do not fit) is refused in one line
+naming why.
 
 A point whose KV the GPU cannot hold beside the weights (the large-batch,
 long-context corner) is not measured: `sim.profile.fill_unmeasured`
@@ -36,6 +54,9 @@ time does not depend on the weights' values.
     python benchmarks/profile_model.py --model gemma-3-12b --gpu h200 \\
         --out sim/data/profiles/gemma-3-12b__h200.json \\
         --heldout results/profiles/gemma-3-12b__h200_heldout.json
+    python benchmarks/profile_model.py --model nemotron-3-nano-30b-a3b --gpu h200 --reps 3 \\
+        --out sim/data/profiles/nemotron-3-nano-30b-a3b__h200.json \\
+        --heldout results/profiles/h200/nemotron-3-nano-30b-a3b__h200_heldout.json
 """
 
 from __future__ import annotations
@@ -51,7 +72,8 @@ import time
 from pathlib import Path
 
 import bench_real_decode as brd  # the decode case (this folder)
-from bench_real_decode import CONFIGS, PS, Case
+from bench_real_decode import PS, Case
+from profile_coverage import check, config_file
 
 FIT = {"decode": ([1, 2, 4, 8, 16, 32, 64, 128, 256], [512, 2048, 8192, 32768]),
        "prefill": ([128, 256, 512, 1024, 2048, 4096, 8192], [0, 2048, 8192, 32768]),
@@ -62,16 +84,33 @@ HELDOUT = {"decode": ([3, 12, 48, 192], [1024, 4096, 16384]),
 """The grids: batch and chunk axes double (MoE expert touch and the host-bound
 small chunks bend between points a factor 4 apart); held-out points lie at
 the geometric middle of fitted cells."""
+STATE_FIT = {"decode": FIT["decode"],
+             "prefill": ([128, 256, 512, 1024, 2048, 4096], [0, 8192, 32768]),
+             "mixed": ([256, 1024, 4096], [1, 4, 16, 64, 256])}
+STATE_HELDOUT = {"decode": HELDOUT["decode"],
+                 "prefill": ([384, 1536], [1024, 4096, 16384]),
+                 "mixed": ([512, 2048], [2, 8, 32, 128])}
+"""The grids of a model with recurrent state (see the module doc): decode
+as FIT; prefill and mixed chunks up to 4,096 tokens, cached context and
+mixed chunks 4x apart (held-out points between them)."""
 CALIBRATION = dict(trace="mooncake_synthetic", max_requests=32, rate_scale=1.0, max_context_tokens=8192,
                    kv_budget_gib=12.0)
 """The slice the real executor replays to measure `non_forward_s`: a trace
 the end-to-end validation (benchmarks/validate_real.py) does not replay."""
+STATE_CALIBRATION = dict(max_requests=8, max_context_tokens=2048)
+"""CALIBRATION's changes for a model with recurrent state: its first 8
+requests (450 steps in a roofline replay, against 1,758 for 32) clipped to
+2,048 tokens, as its eager steps take 55-90 ms (decode) and its prefill
+about 0.35 ms a token (results/real/h200/session_2026-12-02/hybrid/)."""
+STATE_BAND = "mamba"
+"""The state band `sim.layouts.build_layout` gives a model with recurrent state."""
 
 
 def pool_for(spec, placed, tokens: int, requests: int, unwindowed_tokens: int = 0):
     """A unified pool (end_end) holding `requests` requests of `tokens`
     (the window band holding a window of each) and one of
-    `unwindowed_tokens` whole on every band (a prefill chunk)."""
+    `unwindowed_tokens` whole on every band (a prefill chunk), and a state
+    slot for each of them (a model with recurrent state)."""
     import torch
     from unikv.sim.layouts import build_layout
 
@@ -81,6 +120,7 @@ def pool_for(spec, placed, tokens: int, requests: int, unwindowed_tokens: int = 
     window = min(tokens, spec.window_tokens or tokens)
     need = requests * ((tokens + 4 * PS) * spec.full_token_bytes + (window + 4 * PS) * spec.swa_token_bytes)
     need += (unwindowed_tokens + 4 * PS) * (spec.full_token_bytes + spec.swa_token_bytes)
+    need += (requests + 1) * spec.state_bytes
     budget = int(need * 1.1) + (1 << 30)
     free = torch.cuda.mem_get_info()[0] if brd.DEVICE == "cuda" else 8 << 30
     if budget > free - (6 << 30):
@@ -200,6 +240,85 @@ def packed_point(lm, spec, placed, chunk: int, cached: int, decoders: int, conte
     return timed(forward, reps)
 
 
+def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, context: int, reps: int) -> list[float]:
+    """Seconds of each of `reps` steps of a model with recurrent state, run
+    as the real executor runs them (`RealExecutor.launch` / `_forward`): a
+    chunk of `chunk` tokens over `cached` cached tokens alone (0: none),
+    then `decoders` requests at `context` as one eager `[B, 1]` forward (0:
+    none), each forward's requests' state gathered from their pool slots
+    before it and scattered back after (`StateBinder`)."""
+    from unikv.sim.real.state import StateBinder, cache_kwarg, pool_state_views
+
+    pool, views = pool_for(spec, placed, max(cached, context) + 4, decoders + 1, unwindowed_tokens=chunk)
+    binder = StateBinder(lm, pool_state_views(lm, pool, STATE_BAND))
+    kwarg = cache_kwarg(lm)  # the executor reads it once (`RealExecutor.cache_kwarg`)
+    parts = []
+    if chunk:
+        parts.append(_chunk_forward(pool, views, spec, chunk, cached))
+    if decoders:
+        parts.append(_decode_forward(pool, views, spec, decoders, context))
+
+    def step():
+        for ctx_of, inputs, states, fresh in parts:
+            _state_forward(lm, binder, ctx_of(), inputs, pool.translate(states, STATE_BAND), fresh, kwarg)
+
+    return timed(step, reps)
+
+
+def _chunk_forward(pool, views, spec, chunk: int, cached: int):
+    """One request's prefill chunk over its `cached` tokens, as
+    `_state_forward` takes it: (its step context's maker, the model's
+    inputs, its state slot id, fresh: the chunk starts the request)."""
+    import numpy as np
+    import torch
+    from unikv.sim.real.attention import StepContext
+
+    pre = Case(pool, views, spec, 1, cached, brd.DEVICE) if cached else None
+    got = np.asarray(pool.alloc(-(-chunk // PS) * PS))[:chunk]
+    pages = (pre.pages[0] if pre else []) + sorted(set((got // PS).tolist()))
+    dev = brd.DEVICE
+    tables = {b: views.block_table([pages], b) for b in views.bands}
+    writes = {b: torch.as_tensor(pool.translate(got, b), device=dev).long() for b in views.bands}
+    ctx = StepContext(views=views, block_tables=tables, cu_q=torch.tensor([0, chunk], dtype=torch.int32, device=dev),
+                      seq_lens=torch.tensor([cached + chunk], dtype=torch.int32, device=dev), write_slots=writes,
+                      layout="packed")
+    inputs = dict(input_ids=torch.randint(0, 256, (1, chunk), device=dev),
+                  position_ids=torch.arange(cached, cached + chunk, device=dev).view(1, chunk),
+                  logits_to_keep=torch.tensor([chunk - 1], device=dev))
+    return (lambda: ctx), inputs, pool.alloc_state(STATE_BAND, 1), cached == 0
+
+
+def _decode_forward(pool, views, spec, decoders: int, context: int):
+    """`decoders` requests at `context` decoding one token each, as
+    `_state_forward` takes them; the batch is `Case.host_step`'s (the
+    executor's device tables, translated when the forward reads them)."""
+    from unikv.sim.real.attention import StepContext
+
+    batch = Case(pool, views, spec, decoders, context, brd.DEVICE).host_step()
+
+    def ctx():  # the executor builds it inside its forward's timed span (`RealExecutor._forward`)
+        return StepContext(views=views, block_tables=dict(batch.block_tables), cu_q=batch.cu_q,
+                           seq_lens=batch.seq_lens, write_slots=dict(batch.write_slots), layout="padded")
+
+    inputs = dict(input_ids=batch.input_ids, position_ids=batch.position_ids, logits_to_keep=0)
+    return ctx, inputs, pool.alloc_state(STATE_BAND, decoders), False
+
+
+def _state_forward(lm, binder, ctx, inputs: dict, slots, fresh: bool, kwarg: str) -> None:
+    """One forward with recurrent state, as `RealExecutor._forward` runs
+    it: the state gathered from `slots` into a cache (`fresh`: a new one),
+    the forward over the pool (its cache passed as `kwarg`), the state
+    scattered back, the greedy token of each kept row taken."""
+    import torch
+    from unikv.sim.real.attention import use_step
+
+    cache = binder.before(slots, fresh=fresh)
+    with torch.inference_mode(), use_step(ctx):
+        out = lm(use_cache=True, **inputs, **{kwarg: cache})
+        binder.after(cache, slots)
+    (out.logits[0] if ctx.layout == "packed" else out.logits[:, -1]).argmax(-1)
+
+
 def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: bool) -> dict:
     """Every grid point's median forward seconds (each point's fastest,
     median and slowest rep printed), unmeasurable cells filled."""
@@ -214,7 +333,10 @@ def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: boo
             for c in cols:
                 t0 = time.perf_counter()
                 try:
-                    if grid == "decode":
+                    if placed.recurrent:  # the executor's forwards of a model with state
+                        times = state_point(lm, spec, placed, *{"decode": (0, 0, r, c), "prefill": (r, c, 0, 0),
+                                                                "mixed": (r, 0, c, mixed_context)}[grid], reps)
+                    elif grid == "decode":
                         times = decode_point(lm, spec, placed, r, c, reps)
                     elif grid == "prefill":
                         times = packed_point(lm, spec, placed, r, c, 0, 0, reps)
@@ -250,30 +372,41 @@ def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: boo
     return out
 
 
-def non_forward(model: str) -> dict:
+def non_forward(config_json: Path, dtype: str, state: bool) -> dict:
     """The real executor's step time outside its forward, measured on the
     CALIBRATION slice (decode through CUDA graphs, the measured clock): the
     median over all steps, and over decode-only and prefill steps apart
-    (`sim.real.executor.non_forward_summary`)."""
-    from unikv.sim.config import RunConfig
+    (`sim.real.executor.non_forward_summary`). A model with recurrent
+    `state` replays STATE_CALIBRATION's shorter slice without the prefix
+    cache (the executor refuses it there) and decodes eagerly."""
+    from unikv.sim.config import RunConfig, SchedulerConfig
     from unikv.sim.run import run
 
-    dtype = "bf16" if brd.DEVICE == "cuda" else "fp32"
-    config = RunConfig(model=str(CONFIGS[model]), executor="real", device=brd.DEVICE, dtype=dtype,
+    calibration = CALIBRATION | (STATE_CALIBRATION if state else {})
+    config = RunConfig(model=str(config_json), executor="real", device=brd.DEVICE, dtype=dtype,
                        decode_graphs=brd.DEVICE == "cuda", real_clock="measured", trace_end_s=None,
                        layout="end_end", compaction="lazy", oversize="reject", kv_cache_dtype=dtype, gpu="h200",
-                       seed=0, **CALIBRATION)
+                       seed=0, scheduler=SchedulerConfig(prefix_cache=not state), **calibration)
     s = run(config).summary
     got = {k: s[f"real_non_forward_s{k}_median"] for k in ("", "_decode", "_prefill")}
-    print(f"non-forward time on {CALIBRATION['trace']} ({s['real_steps']} steps): "
+    print(f"non-forward time on {calibration['trace']} ({s['real_steps']} steps): "
           + ", ".join(f"{k or 'all'} {1e3 * v:.2f} ms" for k, v in got.items() if v is not None), flush=True)
     return {"non_forward_s": got[""], "non_forward_method": (
         f"the real executor's measured step minus its forward (CUDA events), median over the "
-        f"{s['real_steps']} steps of a replay of {CALIBRATION}, end_end, lazy, decode graphs; "
+        f"{s['real_steps']} steps of a replay of {calibration}, end_end, lazy, "
+        f"{'no prefix cache, eager decode' if state else 'decode graphs'}; "
         f"decode-only steps {got['_decode']!r} s, steps with a prefill chunk {got['_prefill']!r} s")}
 
 
-def provenance(command: str, revision: str) -> dict:
+METHOD = ("real executor forwards: decode through CUDA graphs per bucket, prefill / mixed packed eager; "
+          "median of reps after a warm-up, CUDA events")
+STATE_METHOD = ("real executor forwards as it runs a model with recurrent state: each prefill chunk alone (packed "
+                "eager), the decoders as one eager [B, 1] forward (no CUDA graphs), each forward's state gathered "
+                "from the requests' pool slots before it and scattered back after (StateBinder), inside the timed "
+                "span; median of reps after a warm-up, CUDA events")
+
+
+def provenance(command: str, revision: str, method: str = METHOD) -> dict:
     import torch
     import transformers
     import triton
@@ -288,13 +421,31 @@ def provenance(command: str, revision: str) -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": command, "git_revision": revision,
             "weights": "random (seed 0): a forward's time does not depend on the weights' values",
-            "method": "real executor forwards: decode through CUDA graphs per bucket, prefill / mixed packed eager; "
-                      "median of reps after a warm-up, CUDA events"}
+            "method": method}
+
+
+def _smoke(args) -> tuple[Path, str]:
+    """--smoke: the CPU, tiny grids and calibration slice; returns (the
+    config, the dtype: fp32, or bf16 for a model with recurrent state,
+    whose conv state unikv sizes in 2 bytes as the executor's pool check
+    needs)."""
+    from unikv.sim.models import load_model
+
+    config_json = args.smoke.resolve()
+    brd.DEVICE, dtype = "cpu", "bf16" if load_model(str(config_json)).state_bytes else "fp32"
+    FIT.update(decode=([1, 2], [16, 40]), prefill=([8, 16], [0, 24]), mixed=([8, 16], [1, 2]))
+    HELDOUT.update(decode=([1, 2], [24, 32]), prefill=([12, 16], [8, 16]), mixed=([12, 16], [1, 2]))
+    STATE_FIT.update(FIT)
+    STATE_HELDOUT.update(HELDOUT)
+    args.mixed_context = min(args.mixed_context, 32)
+    CALIBRATION.update(max_requests=4, max_context_tokens=96, kv_budget_gib=0.05)
+    STATE_CALIBRATION.update(max_requests=6, max_context_tokens=96)  # its first 4 requests decode no token
+    return config_json, dtype
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help=f"a bundled model with a config here: {sorted(CONFIGS)}")
+    ap.add_argument("--model", required=True, help="a bundled model id (benchmarks/profile_coverage.py: which ones)")
     ap.add_argument("--gpu", required=True, help="the bundled GPU name the profile is for (h200)")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--heldout", required=True, type=Path)
@@ -304,38 +455,41 @@ def main(argv=None) -> int:
     ap.add_argument("--calibrate-only", action="store_true",
                     help="measure only non_forward_s and write it into the existing --out and --heldout files")
     ap.add_argument("--smoke", type=Path, default=None, metavar="CONFIG",
-                    help="check the script on the CPU: fp32, this (small) config, tiny grids")
+                    help="check the script on the CPU: fp32 (bf16 with recurrent state), this (small) config, "
+                         "tiny grids")
     args = ap.parse_args(argv)
+    started = time.perf_counter()
     import torch
     from unikv.sim.models import load_model
     from unikv.sim.real import attention, layers
     from unikv.sim.real import model as real_model
 
-    dtype = "bf16"
     if args.smoke is not None:
-        brd.DEVICE, dtype = "cpu", "fp32"
-        CONFIGS[args.model] = args.smoke.resolve()
-        FIT.update(decode=([1, 2], [16, 40]), prefill=([8, 16], [0, 24]), mixed=([8, 16], [1, 2]))
-        args.mixed_context = min(args.mixed_context, 32)
-        HELDOUT.update(decode=([1, 2], [24, 32]), prefill=([12, 16], [8, 16]), mixed=([12, 16], [1, 2]))
-        CALIBRATION.update(max_requests=4, max_context_tokens=96, kv_budget_gib=0.05)
-        spec = load_model(str(args.smoke), kv_cache_dtype=dtype)
-    elif not torch.cuda.is_available():
-        print("error: profile_model needs a CUDA device", file=sys.stderr)
-        return 2
-    elif args.model not in CONFIGS:
-        print(f"error: --model {args.model!r}: no config here; expected one of {sorted(CONFIGS)}", file=sys.stderr)
-        return 2
+        config_json, dtype = _smoke(args)
     else:
-        spec = load_model(args.model)
+        config_json, dtype = config_file(args.model), "bf16"
+        try:
+            why = check(args.model, args.gpu).refusal()
+        except ValueError as exc:
+            why = str(exc)
+        if why is not None:
+            print(f"error: --model {args.model!r} cannot be profiled on one {args.gpu}: {why}", file=sys.stderr)
+            return 2
+        if not torch.cuda.is_available():
+            print("error: profile_model needs a CUDA device", file=sys.stderr)
+            return 2
+    spec = load_model(str(config_json), kv_cache_dtype=dtype)  # the state bytes the executor's pool holds
     if args.calibrate_only:
         for path in (args.out, args.heldout):
             if not path.exists():
                 print(f"error: --calibrate-only: {path} does not exist", file=sys.stderr)
                 return 2
-    lm = real_model.build_model(CONFIGS[args.model], dtype=dtype, device=brd.DEVICE, seed=0)
+    lm = real_model.build_model(config_json, dtype=dtype, device=brd.DEVICE, seed=0)
     real_model.build_model = lambda *_a, **_k: lm  # the calibration replay runs on these weights too
-    calibrated = non_forward(args.model)
+    placed = layers.model_layers(lm.config, real_model.torch_dtype(dtype))
+    state = bool(placed.recurrent)
+    calibrated = non_forward(config_json, dtype, state)
+    print(f"calibrated ({time.perf_counter() - started:.0f} s since the start)", flush=True)
     command = "python benchmarks/profile_model.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.calibrate_only:
         for path in (args.out, args.heldout):
@@ -347,16 +501,18 @@ def main(argv=None) -> int:
             print(f"wrote non_forward_s into {path}", flush=True)
         return 0
     lm.set_attn_implementation(attention.register(mask=False))
-    placed = layers.model_layers(lm.config, real_model.torch_dtype(dtype))
-    for path, grids in ((args.out, FIT), (args.heldout, HELDOUT)):
-        data = measure(lm, spec, placed, grids, args.reps, args.mixed_context, heldout=grids is HELDOUT)
-        prov = provenance(command, args.revision)
+    fit, held = (STATE_FIT, STATE_HELDOUT) if state else (FIT, HELDOUT)
+    for path, grids in ((args.out, fit), (args.heldout, held)):
+        data = measure(lm, spec, placed, grids, args.reps, args.mixed_context, heldout=grids is held)
+        prov = provenance(command, args.revision, STATE_METHOD if state else METHOD)
         prov["non_forward_method"] = calibrated["non_forward_method"]
         profile = {"format": "unikv-step-profile", "version": 1, "model": args.model, "gpu": args.gpu,
                    "provenance": prov, "non_forward_s": calibrated["non_forward_s"], "moe_touch": [], **data}
+        if state:  # each chunk its own forward (sim.profile.STEP_FORWARDS)
+            profile["step_forwards"] = "per_chunk"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(profile, indent=1) + "\n")
-        print(f"wrote {path}", flush=True)
+        print(f"wrote {path} ({time.perf_counter() - started:.0f} s since the start)", flush=True)
     return 0
 
 

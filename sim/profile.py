@@ -9,6 +9,10 @@ as the roofline is (`sim.cost.EngineStepCost`):
 
     step = non_forward_s + forward(shape) + move
 
+A step's forward is one packed forward (attention-only models), or, for a
+model with recurrent state, one forward per prefill chunk and one for the
+decoders, as the real executor runs it (`STEP_FORWARDS`).
+
 Interpolation is bilinear in log space (log1p of each axis, log of the
 time), so a power law between grid points is exact. A query outside a grid
 is extrapolated along the edge cell's log-log slope and flagged: the step
@@ -34,6 +38,13 @@ PROVENANCE_FIELDS = ("gpu_name", "driver", "torch", "triton", "date", "command",
 GRIDS = {"prefill": ("chunk_tokens", "cached_tokens"), "decode": ("batch", "context_tokens"),
          "mixed": ("chunk_tokens", "batch")}
 """Each grid's (row axis, column axis); `forward_s[i][j]` is at (row[i], column[j])."""
+STEP_FORWARDS = ("packed", "per_chunk")
+"""How the measured executor runs a step (the profile's `step_forwards`;
+absent: "packed"): "packed", one forward of every chunk and decoder
+(attention-only models); "per_chunk", each prefill chunk its own forward,
+then the decoders in one (models with recurrent state:
+`sim.real.executor.state_plans`), so a step's further chunks add their
+own forwards."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,6 +131,7 @@ class StepProfile:
         mixed_context_tokens: the decoders' context in the mixed grid (its
             chunks attend no cached tokens).
         moe_touch: (batch tokens, experts touched) pairs measured, or ().
+        step_forwards: one of STEP_FORWARDS.
         path: the file it was read from (None: built in memory).
     """
 
@@ -132,6 +144,7 @@ class StepProfile:
     mixed: Grid
     mixed_context_tokens: int
     moe_touch: tuple[tuple[int, float], ...] = ()
+    step_forwards: str = "packed"
     path: Path | None = None
 
     @classmethod
@@ -161,7 +174,8 @@ class StepProfile:
         """
         if not isinstance(data, Mapping):
             raise ValueError("the top level must be a JSON object")
-        known = {"format", "version", "model", "gpu", "provenance", "non_forward_s", "moe_touch", *GRIDS}
+        known = {"format", "version", "model", "gpu", "provenance", "non_forward_s", "moe_touch", "step_forwards",
+                 *GRIDS}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown fields {unknown}; valid: {sorted(known)}")
@@ -178,11 +192,15 @@ class StepProfile:
         context = mixed.get("context_tokens") if isinstance(mixed, Mapping) else None
         if isinstance(context, bool) or not isinstance(context, int) or context < 1:
             raise ValueError(f"mixed.context_tokens={context!r} must be a positive integer")
+        forwards = data.get("step_forwards", "packed")
+        if forwards not in STEP_FORWARDS:
+            raise ValueError(f"step_forwards={forwards!r} must be one of {list(STEP_FORWARDS)}")
         return cls(model=data["model"], gpu=data["gpu"], provenance=_provenance(data["provenance"]),
                    non_forward_s=_number("non_forward_s", data["non_forward_s"], low=0.0),
                    prefill=_grid("prefill", data["prefill"]), decode=_grid("decode", data["decode"]),
                    mixed=_grid("mixed", data["mixed"], extra=("context_tokens",)),
-                   mixed_context_tokens=context, moe_touch=_moe_touch(data.get("moe_touch", [])), path=path)
+                   mixed_context_tokens=context, moe_touch=_moe_touch(data.get("moe_touch", [])),
+                   step_forwards=forwards, path=path)
 
     def forward_s(self, *, chunk_tokens: float, cached_tokens: float, batch: int,
                   context_tokens: float) -> tuple[float, bool]:
@@ -209,6 +227,32 @@ class StepProfile:
         dec0, out_r = self.decode(batch, self.mixed_context_tokens)
         total = base + (pre - pre0) + (dec - dec0)
         return max(total, 0.0), out_m or out_p or out_0 or out_d or out_r
+
+    def step_forward_s(self, prefill: Sequence[tuple[int, int]], batch: int,
+                       context_tokens: float) -> tuple[float, bool]:
+        """(forward seconds of a step, whether any grid was extrapolated),
+        its prefill given chunk by chunk.
+
+        Args:
+            prefill: (chunk tokens, cached tokens) of each prefill chunk.
+            batch / context_tokens: decoders and their mean context.
+
+        "packed": the chunks merged into one (`effective_cached_tokens`),
+        then `forward_s`. "per_chunk": the first chunk with the decoders
+        by `forward_s` (the mixed grid measured that pair of forwards),
+        plus each further chunk's own forward from the prefill grid.
+        """
+        if self.step_forwards == "packed" or len(prefill) < 2:
+            chunk, cached = effective_cached_tokens(prefill)
+            return self.forward_s(chunk_tokens=chunk, cached_tokens=cached, batch=batch,
+                                  context_tokens=context_tokens)
+        (chunk, cached), *rest = prefill
+        total, outside = self.forward_s(chunk_tokens=chunk, cached_tokens=cached, batch=batch,
+                                        context_tokens=context_tokens)
+        for chunk, cached in rest:
+            more, out = self.prefill(chunk, cached)
+            total, outside = total + more, outside or out
+        return total, outside
 
 
 def _provenance(value: Any) -> dict[str, str]:
@@ -376,10 +420,8 @@ class ProfileStepCost:
             return move_s
         if shape is None:
             raise ValueError("ProfileStepCost needs the step's shape (its chunks and contexts)")
-        chunk, cached = effective_cached_tokens(shape.prefill)
         context = shape.decode_context_tokens / decode_tokens if decode_tokens else 0.0
-        forward, outside = self.profile.forward_s(chunk_tokens=chunk, cached_tokens=cached,
-                                                  batch=decode_tokens, context_tokens=context)
+        forward, outside = self.profile.step_forward_s(shape.prefill, decode_tokens, context)
         self.extrapolated_steps += outside
         return self.profile.non_forward_s + forward + move_s
 

@@ -99,6 +99,25 @@ def test_several_chunks_become_one_attending_as_many_pairs():
     assert effective_cached_tokens([]) == (0, 0.0)
 
 
+def test_a_per_chunk_profile_adds_each_further_chunk_as_its_own_forward():
+    packed, per_chunk = StepProfile.from_dict(make()), StepProfile.from_dict(make() | {"step_forwards": "per_chunk"})
+    assert (packed.step_forwards, per_chunk.step_forwards) == ("packed", "per_chunk")
+    chunks = ((512, 8192), (64, 0), (1024, 1024))
+    got, outside = per_chunk.step_forward_s(chunks, 64, 8192)
+    first, _ = per_chunk.forward_s(chunk_tokens=512, cached_tokens=8192, batch=64, context_tokens=8192)
+    assert got == pytest.approx(first + power_prefill(64, 0) + power_prefill(1024, 1024), rel=1e-12)
+    assert not outside
+    merged = packed.forward_s(chunk_tokens=1600, cached_tokens=effective_cached_tokens(chunks)[1], batch=64,
+                              context_tokens=8192)
+    assert packed.step_forward_s(chunks, 64, 8192) == merged
+    for prefill, batch in (((512, 8192),), 64), (((512, 8192),), 0), (((), 64)):  # one forward or none: alike
+        assert per_chunk.step_forward_s(prefill, batch, 4096) == packed.step_forward_s(prefill, batch, 4096)
+    assert per_chunk.step_forward_s(((512, 0), (10**6, 0)), 0, 0)[1]  # a further chunk beyond the grid: flagged
+    cost = ProfileStepCost(per_chunk, H200)
+    assert cost(1600, 64, 0, 0, StepShape(prefill=chunks, decode_context_tokens=64 * 8192)) == \
+        pytest.approx(1e-3 + got, rel=1e-12)
+
+
 def test_the_step_cost_adds_non_forward_and_moves_and_counts_extrapolated_steps():
     cost = ProfileStepCost(StepProfile.from_dict(make()), H200, window_tokens=1024)
     shape = StepShape(prefill=((512, 1024),))
@@ -134,6 +153,7 @@ def _bad(tmp_path, mutate) -> str:
     (lambda d: d["decode"].update(batch=[8]), "decode.batch=[8] must be a list of at least 2"),
     (lambda d: d.update(non_forward_s=float("nan")), "non_forward_s=nan"),
     (lambda d: d.update(moe_touch={"batch_tokens": [1]}), "moe_touch="),
+    (lambda d: d.update(step_forwards="per_request"), "step_forwards='per_request' must be one of"),
 ])
 def test_a_bad_profile_gets_a_one_line_error_naming_the_field(tmp_path, mutate, needle):
     assert needle in _bad(tmp_path, mutate)
@@ -197,6 +217,9 @@ def test_profile_accuracy_refuses_mismatched_pairs(tmp_path, capsys):
     held = write(tmp_path / "held.json", make(model="llama-3.1-8b"))
     assert profile_accuracy.main([str(fit), str(held)]) == 2
     assert "does not match" in capsys.readouterr().err
+    held = write(tmp_path / "held.json", make() | {"step_forwards": "per_chunk"})
+    assert profile_accuracy.main([str(fit), str(held)]) == 2
+    assert "step_forwards='per_chunk' does not match the fitted one's 'packed'" in capsys.readouterr().err
     assert profile_accuracy.main([str(fit)]) == 2
     assert not math.isnan(profile_accuracy.p90([1.0, 2.0]))
 
