@@ -49,7 +49,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"gemma-3-12b": ROOT / "benchmarks/configs/gemma-3-12b-text_config.json",
            "gpt-oss-20b": ROOT / "tests/data/configs/openai--gpt-oss-20b_config.json",
-           "llama-3.1-8b": ROOT / "tests/data/configs/meta-llama--Meta-Llama-3.1-8B_config.json"}
+           "llama-3.1-8b": ROOT / "tests/data/configs/meta-llama--Meta-Llama-3.1-8B_config.json",
+           # from this folder, not the package: an installed (non-editable) unikv has no tests/data beside it
+           "nemotron-3-nano-30b-a3b": ROOT / "tests/data/configs/nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16_config.json"}
 HBM = 4.8e12
 PS = 16
 DEVICE, DTYPE = "cuda", "bf16"  # --smoke: "cpu", "fp32"
