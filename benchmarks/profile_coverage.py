@@ -57,6 +57,10 @@ class Coverage:
         build_error / executor_error: why transformers cannot build it, or
             why the real executor cannot run it ("" when it can).
         profiled: the profile file of (model, gpu) is bundled.
+        eager: the real executor runs its every step eagerly (recurrent
+            state: the gather / scatter around the forward is not captured),
+            not as serving engines run it; its profile, measured or not, is
+            not bundled (issue 17: never an eager forward as a profile).
     """
 
     model: str
@@ -68,11 +72,14 @@ class Coverage:
     build_error: str
     executor_error: str
     profiled: bool
+    eager: bool = False
 
     def short_refusal(self) -> str:
         """Which check `refusal` failed, in a word or three ("not measured
         yet" when none did): the table's other columns say why."""
         if self.refusal() is None:
+            if self.eager:
+                return "the executor runs it eagerly (recurrent state), not as engines do: not bundled"
             return "profilable, not measured yet"
         return ("no config.json" if self.config is None else "not buildable" if self.build_error
                 else "executor" if self.executor_error else "does not fit")
@@ -162,7 +169,7 @@ def check(model: str, gpu: str = "h200") -> Coverage:
         raise ValueError(f"gpu={gpu!r}: no usable memory known; expected one of {sorted(USABLE_GIB)}")
     spec = load_model(model)  # raises for an unknown id
     config = config_file(model)
-    weights_gib, counted, build, runs = None, False, "", ""
+    weights_gib, counted, build, runs, eager = None, False, "", "", False
     model_type = spec.model_type or "?"
     if config is not None:
         try:
@@ -175,12 +182,16 @@ def check(model: str, gpu: str = "h200") -> Coverage:
             model_type = lm.config.model_type
             weights_gib, counted = sum(p.numel() for p in lm.parameters()) * 2 / 2**30, True
             runs = executor_error(lm, config)
+            if not runs:
+                from unikv.sim.real import layers
+
+                eager = bool(layers.model_layers(lm.config, torch.bfloat16).recurrent)
     if weights_gib is None and spec.params_total:
         weights_gib = spec.params_total * 2 / 2**30
     fits = None if weights_gib is None else weights_gib + ROOM_GIB <= USABLE_GIB[gpu]
     return Coverage(model=model, model_type=model_type, config=config, weights_gib=weights_gib, counted=counted,
                     fits=fits, build_error=build, executor_error=runs,
-                    profiled=profile_path(model, gpu).is_file())
+                    profiled=profile_path(model, gpu).is_file(), eager=eager)
 
 
 def markdown(rows: list[Coverage], gpu: str) -> str:

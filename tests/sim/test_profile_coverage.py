@@ -35,6 +35,18 @@ def test_each_check_names_why_a_model_cannot_be_profiled(bench, model, refusal):
     assert got == refusal if refusal is None else refusal in got
 
 
+def test_a_model_the_executor_runs_eagerly_is_profilable_but_not_bundled(bench):
+    """Recurrent state keeps every step eager (the gather / scatter is not
+    captured): profile_model may measure it, but an eager forward is not how
+    engines run it, so no profile of it is bundled (and replays keep the
+    roofline); attention-only models are not eager."""
+    coverage, _ = bench
+    nemotron, gemma = coverage.check("nemotron-3-nano-30b-a3b", "h200"), coverage.check("gemma-3-12b", "h200")
+    assert nemotron.eager and not nemotron.profiled and nemotron.refusal() is None
+    assert nemotron.short_refusal().startswith("the executor runs it eagerly")
+    assert not gemma.eager and gemma.profiled
+
+
 def test_an_mla_model_is_refused_by_name(bench):
     coverage, _ = bench
     import torch
