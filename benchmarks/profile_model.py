@@ -118,16 +118,17 @@ def timed(fn, reps: int) -> list[float]:
     return times
 
 
-def decode_point(lm, spec, placed, batch: int, context: int, reps: int) -> list[float]:
+def decode_point(lm, spec, placed, batch: int, context: int, reps: int, compiled: bool = False) -> list[float]:
     """Seconds of each of `reps` decode steps of `batch` requests at
     `context` through the bucket's CUDA graph (after the capture and
-    WARMUPS untimed steps)."""
+    WARMUPS untimed steps); `compiled`: of the compiled layers (--compiled)."""
     import torch
     from unikv.sim.real.graphs import DecodeGraphs
 
     pool, views = pool_for(spec, placed, context + WARMUPS + reps + 4, batch)
     case = Case(pool, views, spec, batch, context, brd.DEVICE)
-    graphs = DecodeGraphs(lm, views, views.bands, device=brd.DEVICE, max_pages=-(-(context + 64) // PS) + 1)
+    graphs = DecodeGraphs(lm, views, views.bands, device=brd.DEVICE, max_pages=-(-(context + 64) // PS) + 1,
+                          compile=compiled)
     steps = []
     with torch.inference_mode():
         graphs.run(case.host_step())  # captures the bucket
@@ -137,6 +138,8 @@ def decode_point(lm, spec, placed, batch: int, context: int, reps: int) -> list[
                 steps.append(t)
     if brd.DEVICE == "cuda" and not graphs.stats()["captured"]:
         raise RuntimeError(f"decode batch {batch}: the graph was not captured ({graphs.stats()['failures']})")
+    if compiled and graphs.stats()["compile_failures"]:
+        raise RuntimeError(f"decode batch {batch}: not compiled ({graphs.stats()['compile_failures']})")
     return steps
 
 
@@ -156,10 +159,12 @@ def _replay(graphs, batch_in) -> float:
     return start.elapsed_time(stop) / 1e3
 
 
-def packed_point(lm, spec, placed, chunk: int, cached: int, decoders: int, context: int, reps: int) -> list[float]:
+def packed_point(lm, spec, placed, chunk: int, cached: int, decoders: int, context: int, reps: int,
+                 compiled: bool = False) -> list[float]:
     """Seconds of each of `reps` packed forwards: a chunk of `chunk` tokens
     over `cached` cached tokens, plus `decoders` requests at `context`
-    decoding one token."""
+    decoding one token; `compiled`: through the compiled layers
+    (`sim.real.prefill.CompiledPrefill`, --compiled)."""
     import numpy as np
     import torch
     from unikv.sim.real.attention import StepContext, use_step
@@ -197,10 +202,18 @@ def packed_point(lm, spec, placed, chunk: int, cached: int, decoders: int, conte
         with torch.inference_mode(), use_step(ctx):
             lm(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=keep)
 
-    return timed(forward, reps)
+    if not compiled:
+        return timed(forward, reps)
+    from unikv.sim.real.prefill import CompiledPrefill
+
+    prefill = CompiledPrefill(lm, views, device=dev)
+    times = timed(lambda: prefill.forward(ctx, input_ids, position_ids, keep), reps)
+    if prefill.stats()["failure"] is not None:
+        raise RuntimeError(f"packed {chunk} x {cached} + {decoders}: not compiled ({prefill.stats()['failure']})")
+    return times
 
 
-def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: bool) -> dict:
+def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: bool, compiled: bool = False) -> dict:
     """Every grid point's median forward seconds (each point's fastest,
     median and slowest rep printed), unmeasurable cells filled."""
     import torch
@@ -215,11 +228,11 @@ def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: boo
                 t0 = time.perf_counter()
                 try:
                     if grid == "decode":
-                        times = decode_point(lm, spec, placed, r, c, reps)
+                        times = decode_point(lm, spec, placed, r, c, reps, compiled)
                     elif grid == "prefill":
-                        times = packed_point(lm, spec, placed, r, c, 0, 0, reps)
+                        times = packed_point(lm, spec, placed, r, c, 0, 0, reps, compiled)
                     else:
-                        times = packed_point(lm, spec, placed, r, 0, c, mixed_context, reps)
+                        times = packed_point(lm, spec, placed, r, 0, c, mixed_context, reps, compiled)
                     t = statistics.median(times)
                     print(f"{grid} {r} x {c}: {1e3 * t:.2f} ms (reps {1e3 * min(times):.2f} .. {1e3 * max(times):.2f}; "
                           f"{time.perf_counter() - t0:.1f} s)", flush=True)
@@ -250,7 +263,7 @@ def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: boo
     return out
 
 
-def non_forward(model: str) -> dict:
+def non_forward(model: str, compiled: bool = False) -> dict:
     """The real executor's step time outside its forward, measured on the
     CALIBRATION slice (decode through CUDA graphs, the measured clock): the
     median over all steps, and over decode-only and prefill steps apart
@@ -260,7 +273,8 @@ def non_forward(model: str) -> dict:
 
     dtype = "bf16" if brd.DEVICE == "cuda" else "fp32"
     config = RunConfig(model=str(CONFIGS[model]), executor="real", device=brd.DEVICE, dtype=dtype,
-                       decode_graphs=brd.DEVICE == "cuda", real_clock="measured", trace_end_s=None,
+                       decode_graphs=brd.DEVICE == "cuda", compile_decode=compiled and brd.DEVICE == "cuda",
+                       compile_prefill=compiled, real_clock="measured", trace_end_s=None,
                        layout="end_end", compaction="lazy", oversize="reject", kv_cache_dtype=dtype, gpu="h200",
                        seed=0, **CALIBRATION)
     s = run(config).summary
@@ -273,7 +287,7 @@ def non_forward(model: str) -> dict:
         f"decode-only steps {got['_decode']!r} s, steps with a prefill chunk {got['_prefill']!r} s")}
 
 
-def provenance(command: str, revision: str) -> dict:
+def provenance(command: str, revision: str, compiled: bool = False) -> dict:
     import torch
     import transformers
     import triton
@@ -288,8 +302,10 @@ def provenance(command: str, revision: str) -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": command, "git_revision": revision,
             "weights": "random (seed 0): a forward's time does not depend on the weights' values",
-            "method": "real executor forwards: decode through CUDA graphs per bucket, prefill / mixed packed eager; "
-                      "median of reps after a warm-up, CUDA events"}
+            "method": ("real executor forwards: decode through CUDA graphs per bucket of compiled layers, prefill / "
+                       "mixed packed with compiled layers (--compiled); " if compiled else
+                       "real executor forwards: decode through CUDA graphs per bucket, prefill / mixed packed eager; ")
+                      + "median of reps after a warm-up, CUDA events"}
 
 
 def main(argv=None) -> int:
@@ -303,6 +319,9 @@ def main(argv=None) -> int:
     ap.add_argument("--revision", default="unknown", help="the git revision measured (the GPU machine has no git)")
     ap.add_argument("--calibrate-only", action="store_true",
                     help="measure only non_forward_s and write it into the existing --out and --heldout files")
+    ap.add_argument("--compiled", action="store_true",
+                    help="decode graphs and prefill / mixed steps with compiled decoder layers (the executor's "
+                         "compile_decode and compile_prefill)")
     ap.add_argument("--smoke", type=Path, default=None, metavar="CONFIG",
                     help="check the script on the CPU: fp32, this (small) config, tiny grids")
     args = ap.parse_args(argv)
@@ -335,7 +354,7 @@ def main(argv=None) -> int:
                 return 2
     lm = real_model.build_model(CONFIGS[args.model], dtype=dtype, device=brd.DEVICE, seed=0)
     real_model.build_model = lambda *_a, **_k: lm  # the calibration replay runs on these weights too
-    calibrated = non_forward(args.model)
+    calibrated = non_forward(args.model, args.compiled)
     command = "python benchmarks/profile_model.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.calibrate_only:
         for path in (args.out, args.heldout):
@@ -349,8 +368,9 @@ def main(argv=None) -> int:
     lm.set_attn_implementation(attention.register(mask=False))
     placed = layers.model_layers(lm.config, real_model.torch_dtype(dtype))
     for path, grids in ((args.out, FIT), (args.heldout, HELDOUT)):
-        data = measure(lm, spec, placed, grids, args.reps, args.mixed_context, heldout=grids is HELDOUT)
-        prov = provenance(command, args.revision)
+        data = measure(lm, spec, placed, grids, args.reps, args.mixed_context, heldout=grids is HELDOUT,
+                       compiled=args.compiled)
+        prov = provenance(command, args.revision, args.compiled)
         prov["non_forward_method"] = calibrated["non_forward_method"]
         profile = {"format": "unikv-step-profile", "version": 1, "model": args.model, "gpu": args.gpu,
                    "provenance": prov, "non_forward_s": calibrated["non_forward_s"], "moe_touch": [], **data}
