@@ -255,6 +255,11 @@ def _state_ids(requests) -> list[int]:
 
 # -- building a real run (sim.run calls these for executor="real") --
 
+COMPILE_BACKEND = "inductor"
+"""`torch.compile`'s backend for the compiled decode and packed steps
+(the CPU tests set "aot_eager": inductor's C++ code takes minutes there)."""
+
+
 def real_backend(device: str):
     """The pool backend of a real run: the sim backend with real bytes on
     the CPU (the KV views read its numpy buffer), the CUDA backend on a GPU.
@@ -331,7 +336,7 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
 
         graphs = DecodeGraphs(lm, views, bands, device=config.device, max_pages=_max_pages(lm.config, memory),
                               compile=config.compile_decode, compile_backend=COMPILE_BACKEND)
-    if config.compile_prefill and binder is None:  # the state's forwards run eagerly (summary: prefill_compile_off)
+    if config.compile_prefill and binder is None:  # the state's forwards run eagerly (the summary says so)
         from unikv.sim.real.prefill import CompiledPrefill
 
         prefill = CompiledPrefill(lm, views, device=config.device, backend=COMPILE_BACKEND)
@@ -341,11 +346,6 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
     if executor.cuda and config.real_clock == "measured":  # start-up work an engine does before its clock runs
         executor.warm_up(config.scheduler.max_running)
     return executor
-
-
-COMPILE_BACKEND = "inductor"
-"""`torch.compile`'s backend for the compiled decode and packed steps
-(the CPU tests set "aot_eager": inductor's C++ code takes minutes there)."""
 
 
 def _state_binder(lm, placed, memory):

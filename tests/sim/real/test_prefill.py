@@ -24,6 +24,8 @@ from tests.sim.real.test_executor import lockstep_build, reference, trace, trimm
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 DEVICES = [pytest.param("cpu", "aot_eager", id="cpu-aot_eager"),
+           # inductor's C++ code generation takes minutes on a 2-core CPU: slow there
+           pytest.param("cpu", "inductor", id="cpu-inductor", marks=pytest.mark.slow),
            pytest.param("cuda", "inductor", id="cuda-inductor", marks=[CUDA, pytest.mark.gpu])]
 
 
