@@ -10,15 +10,20 @@ as the decode graphs compile them (`sim.real.graphs.CompiledLayers`: one
 and the KV write one opaque operator, `StepContext(opaque=True)`); the
 embedding, the rotary tables, the final norm and the head stay eager.
 
-The step's sizes are marked dynamic: the tokens T (dimension 1 of the
-hidden states, positions and rotary tables; the write slots), the requests
-B (`cu_q`, `seq_lens`, the block tables' rows) and the block tables' width
-W, so one compiled graph per layer kind serves every chunk size. Dynamo
-still specialises a size of 1 (one request, a table one page wide, a step
-of one token): a replay compiles at most one graph per layer kind for each
-combination of those it meets, and `stats()` counts them; past
-RECOMPILE_LIMIT compiles of a layer class dynamo raises instead of running
-uncompiled. `warm_up` compiles the usual classes before a run's clock.
+The step's sizes are no constants of the graphs, so one compiled graph per
+layer kind serves every chunk size. The tokens T (dimension 1 of the
+hidden states, positions and rotary tables; the write slots) are marked
+dynamic; dynamo still specialises T = 1 (a step of one token), so that
+one graph more per layer kind. The requests B (`cu_q`, `seq_lens`, the
+block tables' rows) and the tables' width W are marked unbacked: only the
+opaque operator reads them, so no guard needs their values, and no size
+of 1 (one request, a table one page wide) is specialised (with dynamic
+marks instead, a replay compiled once more for the one-request steps, and
+dynamo's duck sizing gives equal sizes one symbol, so a step whose sizes
+differ where the first step's were equal compiles again). `stats()` counts
+the compiles; past RECOMPILE_LIMIT compiles of a layer class dynamo raises
+instead of running uncompiled. `warm_up` compiles both token classes
+before a run's clock.
 
 A compiled forward that raises (a compile error, the limit) is recorded
 and that step, and every later one, runs the eager forward. Re-running the
@@ -35,10 +40,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from unikv.sim.real.graphs import RECOMPILE_LIMIT, CompiledLayers, compile_error, mark_caches_dynamic
-
-WARM_SHAPES = ((1, 1), (1, 2), (2, 2))
-"""(requests, table width in pages) of the sink-only steps `warm_up` runs:
-one chunk on one page, one chunk over two pages, a chunk and a decoder."""
 
 
 class CompiledPrefill:
@@ -135,11 +136,11 @@ class CompiledPrefill:
         return out
 
     def warm_up(self, page_size: int, bands: Sequence[str]) -> None:
-        """Compile the usual shape classes before the clock runs: a packed
-        step of one page of tokens per WARM_SHAPES entry, reading and
-        writing only the pool's sink (tables, slots: 0)."""
-        for requests, width in WARM_SHAPES:
-            self.forward(*sink_step(self.views, bands, page_size, self.device, requests=requests, width=width))
+        """Compile both token classes before the clock runs: a one-request
+        step of two pages of tokens, then one of one token, each reading
+        and writing only the pool's sink (tables, slots: 0)."""
+        for tokens in (2 * page_size, 1):
+            self.forward(*sink_step(self.views, bands, page_size, self.device, tokens=tokens))
 
     def stats(self) -> dict:
         """Packed forwards run compiled and eagerly, the forwards that
@@ -150,49 +151,44 @@ class CompiledPrefill:
 
 
 def mark_step_dynamic(ctx) -> None:
-    """Mark the sizes of a packed step's tensors dynamic: the requests
-    (`cu_q`, `seq_lens`, the tables' rows), the tables' width and the
-    tokens written (the slots)."""
+    """Mark the sizes of a packed step's tensors: the requests (`cu_q`,
+    `seq_lens`, the tables' rows) and the tables' width unbacked, the
+    tokens written (the slots) dynamic (see the module docstring)."""
     import torch
 
-    torch._dynamo.maybe_mark_dynamic(ctx.cu_q, 0)
-    torch._dynamo.maybe_mark_dynamic(ctx.seq_lens, 0)
+    torch._dynamo.decorators.mark_unbacked(ctx.cu_q, 0)
+    torch._dynamo.decorators.mark_unbacked(ctx.seq_lens, 0)
     for table in ctx.block_tables.values():
-        torch._dynamo.maybe_mark_dynamic(table, 0)
-        torch._dynamo.maybe_mark_dynamic(table, 1)
+        torch._dynamo.decorators.mark_unbacked(table, 0)
+        torch._dynamo.decorators.mark_unbacked(table, 1)
     for slots in ctx.write_slots.values():
         torch._dynamo.maybe_mark_dynamic(slots, 0)
 
 
-def sink_step(views, bands: Sequence[str], page_size: int, device: str, *, requests: int = 1,
-              width: int = 1) -> tuple:
-    """A packed step of `page_size` tokens that reads and writes only the
-    pool's sink: `requests` requests (the last one's chunk takes what the
-    others' one token each leave), tables `width` pages wide of page 0,
-    every write at slot 0; each request's KV ends at `page_size` tokens.
+def sink_step(views, bands: Sequence[str], page_size: int, device: str, *, tokens: int | None = None) -> tuple:
+    """A packed step of one request's last `tokens` tokens (default: a
+    page's) that reads and writes only the pool's sink: its table holds
+    page 0 as often as its KV needs pages, every write goes to slot 0.
 
     Returns:
         (ctx, input_ids, position_ids, logits_to_keep), `forward`'s arguments.
     Raises:
-        ValueError: `requests` outside [1, page_size] or `width` < 1.
+        ValueError: `tokens` < 1.
     """
     import torch
     from unikv.sim.real.attention import StepContext
 
-    if not 1 <= requests <= page_size or width < 1:
-        raise ValueError(f"sink_step: requests={requests}, width={width}; expected 1 <= requests <= "
-                         f"page_size={page_size} and width >= 1")
-    q_lens = [1] * (requests - 1) + [page_size - requests + 1]
-    positions = [page_size - 1] * (requests - 1) + list(range(requests - 1, page_size))
-    cu = [0]
-    for q in q_lens:
-        cu.append(cu[-1] + q)
+    tokens = page_size if tokens is None else tokens
+    if tokens < 1:
+        raise ValueError(f"sink_step: tokens={tokens}; expected at least 1")
+    seq = max(tokens, page_size)  # the KV ends a page or more in
     ctx = StepContext(views=views,
-                      block_tables={b: torch.zeros((requests, width), dtype=torch.int32, device=device) for b in bands},
-                      cu_q=torch.tensor(cu, dtype=torch.int32, device=device),
-                      seq_lens=torch.full((requests,), page_size, dtype=torch.int32, device=device),
-                      write_slots={b: torch.zeros(page_size, dtype=torch.int64, device=device) for b in bands},
+                      block_tables={b: torch.zeros((1, -(-seq // page_size)), dtype=torch.int32, device=device)
+                                    for b in bands},
+                      cu_q=torch.tensor([0, tokens], dtype=torch.int32, device=device),
+                      seq_lens=torch.tensor([seq], dtype=torch.int32, device=device),
+                      write_slots={b: torch.zeros(tokens, dtype=torch.int64, device=device) for b in bands},
                       layout="packed")
-    return (ctx, torch.zeros((1, page_size), dtype=torch.int64, device=device),
-            torch.tensor([positions], dtype=torch.int64, device=device),
-            torch.tensor([c - 1 for c in cu[1:]], device=device))
+    return (ctx, torch.zeros((1, tokens), dtype=torch.int64, device=device),
+            torch.arange(seq - tokens, seq, dtype=torch.int64, device=device).view(1, tokens),
+            torch.tensor([tokens - 1], device=device))
