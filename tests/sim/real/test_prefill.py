@@ -9,6 +9,7 @@ takes minutes on 2 cores); on CUDA it is inductor, as a run uses it.
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -236,3 +237,34 @@ def test_a_cli_replay_with_compiled_steps_writes_the_cost_replays_tables(tmp_pat
     assert got["identity"]["executor"]["compile_prefill"] is True
     assert s["prefill_compiled_steps"] > 0 and s["prefill_eager_steps"] == 0 and s["prefill_compile_failure"] is None
     assert s["graph_compiled"] == s["graph_buckets"] and s["graph_steps"] > 0
+
+
+def test_after_the_executors_warm_up_no_step_compiles(tmp_path, monkeypatch, one_thread):
+    """`RealExecutor.warm_up` (a CUDA run's start-up, before its clock)
+    compiles the packed forward's graphs on the sink only; the replay after
+    it compiles nothing more in its packed steps, and its tokens and tables
+    equal a replay without the warm-up's."""
+    build = real_executor.build_real_executor  # before compiled_replay wraps it
+    torch._dynamo.reset()  # the compiles counted are this test's
+    plain, plain_ex = compiled_replay(tmp_path / "plain", monkeypatch, "gemma3", 0.00004, "cpu", "aot_eager")
+    torch._dynamo.reset()
+    seen = {}
+
+    def warmed(config, memory, *a, **k):
+        ex = build(config, memory, *a, **k)
+        before = memory.pool.buffer.copy()
+        ex.warm_up(config.scheduler.max_running)
+        sink = memory.pool.layout.sink_bytes
+        assert (memory.pool.buffer[sink:] == before[sink:]).all()  # nothing past the sink written
+        seen.update(ex.prefill.stats())
+        return ex
+
+    monkeypatch.setattr(real_executor, "build_real_executor", warmed)
+    got, ex = compiled_replay(tmp_path / "warm", monkeypatch, "gemma3", 0.00004, "cpu", "aot_eager")
+    assert seen["compiles"] == 2 and seen["graphs"] == 4  # two layer kinds: many tokens, one token
+    s = got.summary
+    assert s["prefill_compiles"] == 2 and s["prefill_graphs"] == 4 and s["prefill_compile_failure"] is None
+    assert s["prefill_compiled_steps"] == 2 + int((got.steps["prefill_tokens"] > 0).sum())
+    assert ex.generated == plain_ex.generated
+    cols = ["step_time_s"]
+    pd.testing.assert_frame_equal(got.steps.drop(columns=cols), plain.steps.drop(columns=cols))
