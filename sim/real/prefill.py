@@ -16,11 +16,10 @@ hidden states, positions and rotary tables; the write slots) are marked
 dynamic; dynamo still specialises T = 1 (a step of one token), so that
 one graph more per layer kind. The requests B (`cu_q`, `seq_lens`, the
 block tables' rows) and the tables' width W are marked unbacked: only the
-opaque operator reads them, so no guard needs their values, and no size
-of 1 (one request, a table one page wide) is specialised (with dynamic
-marks instead, a replay compiled once more for the one-request steps, and
-dynamo's duck sizing gives equal sizes one symbol, so a step whose sizes
-differ where the first step's were equal compiles again). `stats()` counts
+opaque operator reads them, so no guard needs their values and a size of
+1 (one request, a one-page table) is not specialised; marked dynamic, it
+would be, and dynamo's duck sizing would tie sizes that happened to be
+equal at the first compile (docs/real_executor.md). `stats()` counts
 the compiles; past RECOMPILE_LIMIT compiles of a layer class dynamo raises
 instead of running uncompiled. `warm_up` compiles both token classes
 before a run's clock.
