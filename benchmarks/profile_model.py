@@ -158,16 +158,17 @@ def timed(fn, reps: int) -> list[float]:
     return times
 
 
-def decode_point(lm, spec, placed, batch: int, context: int, reps: int) -> list[float]:
+def decode_point(lm, spec, placed, batch: int, context: int, reps: int, compiled: bool = False) -> list[float]:
     """Seconds of each of `reps` decode steps of `batch` requests at
     `context` through the bucket's CUDA graph (after the capture and
-    WARMUPS untimed steps)."""
+    WARMUPS untimed steps); `compiled`: of the compiled layers (--compiled)."""
     import torch
     from unikv.sim.real.graphs import DecodeGraphs
 
     pool, views = pool_for(spec, placed, context + WARMUPS + reps + 4, batch)
     case = Case(pool, views, spec, batch, context, brd.DEVICE)
-    graphs = DecodeGraphs(lm, views, views.bands, device=brd.DEVICE, max_pages=-(-(context + 64) // PS) + 1)
+    graphs = DecodeGraphs(lm, views, views.bands, device=brd.DEVICE, max_pages=-(-(context + 64) // PS) + 1,
+                          compile=compiled)
     steps = []
     with torch.inference_mode():
         graphs.run(case.host_step())  # captures the bucket
@@ -177,6 +178,8 @@ def decode_point(lm, spec, placed, batch: int, context: int, reps: int) -> list[
                 steps.append(t)
     if brd.DEVICE == "cuda" and not graphs.stats()["captured"]:
         raise RuntimeError(f"decode batch {batch}: the graph was not captured ({graphs.stats()['failures']})")
+    if compiled and graphs.stats()["compile_failures"]:
+        raise RuntimeError(f"decode batch {batch}: not compiled ({graphs.stats()['compile_failures']})")
     return steps
 
 
@@ -196,10 +199,12 @@ def _replay(graphs, batch_in) -> float:
     return start.elapsed_time(stop) / 1e3
 
 
-def packed_point(lm, spec, placed, chunk: int, cached: int, decoders: int, context: int, reps: int) -> list[float]:
+def packed_point(lm, spec, placed, chunk: int, cached: int, decoders: int, context: int, reps: int,
+                 compiled: bool = False) -> list[float]:
     """Seconds of each of `reps` packed forwards: a chunk of `chunk` tokens
     over `cached` cached tokens, plus `decoders` requests at `context`
-    decoding one token."""
+    decoding one token; `compiled`: through the compiled layers
+    (`sim.real.prefill.CompiledPrefill`, --compiled)."""
     import numpy as np
     import torch
     from unikv.sim.real.attention import StepContext, use_step
@@ -237,7 +242,15 @@ def packed_point(lm, spec, placed, chunk: int, cached: int, decoders: int, conte
         with torch.inference_mode(), use_step(ctx):
             lm(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=keep)
 
-    return timed(forward, reps)
+    if not compiled:
+        return timed(forward, reps)
+    from unikv.sim.real.prefill import CompiledPrefill
+
+    prefill = CompiledPrefill(lm, views, device=dev)
+    times = timed(lambda: prefill.forward(ctx, input_ids, position_ids, keep), reps)
+    if prefill.stats()["failure"] is not None:
+        raise RuntimeError(f"packed {chunk} x {cached} + {decoders}: not compiled ({prefill.stats()['failure']})")
+    return times
 
 
 def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, context: int, reps: int) -> list[float]:
@@ -319,7 +332,7 @@ def _state_forward(lm, binder, ctx, inputs: dict, slots, fresh: bool, kwarg: str
     (out.logits[0] if ctx.layout == "packed" else out.logits[:, -1]).argmax(-1)
 
 
-def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: bool) -> dict:
+def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: bool, compiled: bool = False) -> dict:
     """Every grid point's median forward seconds (each point's fastest,
     median and slowest rep printed), unmeasurable cells filled."""
     import torch
@@ -337,11 +350,11 @@ def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: boo
                         times = state_point(lm, spec, placed, *{"decode": (0, 0, r, c), "prefill": (r, c, 0, 0),
                                                                 "mixed": (r, 0, c, mixed_context)}[grid], reps)
                     elif grid == "decode":
-                        times = decode_point(lm, spec, placed, r, c, reps)
+                        times = decode_point(lm, spec, placed, r, c, reps, compiled)
                     elif grid == "prefill":
-                        times = packed_point(lm, spec, placed, r, c, 0, 0, reps)
+                        times = packed_point(lm, spec, placed, r, c, 0, 0, reps, compiled)
                     else:
-                        times = packed_point(lm, spec, placed, r, 0, c, mixed_context, reps)
+                        times = packed_point(lm, spec, placed, r, 0, c, mixed_context, reps, compiled)
                     t = statistics.median(times)
                     print(f"{grid} {r} x {c}: {1e3 * t:.2f} ms (reps {1e3 * min(times):.2f} .. {1e3 * max(times):.2f}; "
                           f"{time.perf_counter() - t0:.1f} s)", flush=True)
@@ -372,7 +385,7 @@ def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: boo
     return out
 
 
-def non_forward(config_json: Path, dtype: str, state: bool) -> dict:
+def non_forward(config_json: Path, dtype: str, state: bool, compiled: bool = False) -> dict:
     """The real executor's step time outside its forward, measured on the
     CALIBRATION slice (decode through CUDA graphs, the measured clock): the
     median over all steps, and over decode-only and prefill steps apart
@@ -384,7 +397,8 @@ def non_forward(config_json: Path, dtype: str, state: bool) -> dict:
 
     calibration = CALIBRATION | (STATE_CALIBRATION if state else {})
     config = RunConfig(model=str(config_json), executor="real", device=brd.DEVICE, dtype=dtype,
-                       decode_graphs=brd.DEVICE == "cuda", real_clock="measured", trace_end_s=None,
+                       decode_graphs=brd.DEVICE == "cuda", compile_decode=compiled and brd.DEVICE == "cuda",
+                       compile_prefill=compiled, real_clock="measured", trace_end_s=None,
                        layout="end_end", compaction="lazy", oversize="reject", kv_cache_dtype=dtype, gpu="h200",
                        seed=0, scheduler=SchedulerConfig(prefix_cache=not state), **calibration)
     s = run(config).summary
@@ -400,6 +414,9 @@ def non_forward(config_json: Path, dtype: str, state: bool) -> dict:
 
 METHOD = ("real executor forwards: decode through CUDA graphs per bucket, prefill / mixed packed eager; "
           "median of reps after a warm-up, CUDA events")
+COMPILED_METHOD = ("real executor forwards: decode through CUDA graphs per bucket of compiled layers, prefill / mixed "
+                   "packed with compiled layers (--compiled), q/k/v and gate/up fused; median of reps after a "
+                   "warm-up, CUDA events")
 STATE_METHOD = ("real executor forwards as it runs a model with recurrent state: each prefill chunk alone (packed "
                 "eager), the decoders as one eager [B, 1] forward (no CUDA graphs), each forward's state gathered "
                 "from the requests' pool slots before it and scattered back after (StateBinder), inside the timed "
@@ -454,6 +471,9 @@ def main(argv=None) -> int:
     ap.add_argument("--revision", default="unknown", help="the git revision measured (the GPU machine has no git)")
     ap.add_argument("--calibrate-only", action="store_true",
                     help="measure only non_forward_s and write it into the existing --out and --heldout files")
+    ap.add_argument("--compiled", action="store_true",
+                    help="decode graphs and prefill / mixed steps with compiled decoder layers (the executor's "
+                         "compile_decode and compile_prefill)")
     ap.add_argument("--smoke", type=Path, default=None, metavar="CONFIG",
                     help="check the script on the CPU: fp32 (bf16 with recurrent state), this (small) config, "
                          "tiny grids")
@@ -488,7 +508,11 @@ def main(argv=None) -> int:
     real_model.build_model = lambda *_a, **_k: lm  # the calibration replay runs on these weights too
     placed = layers.model_layers(lm.config, real_model.torch_dtype(dtype))
     state = bool(placed.recurrent)
-    calibrated = non_forward(config_json, dtype, state)
+    if state and args.compiled:
+        print(f"error: --compiled: {args.model} keeps recurrent state, whose forwards the real executor runs "
+              "eagerly (the state gather / scatter is not captured or compiled)", file=sys.stderr)
+        return 2
+    calibrated = non_forward(config_json, dtype, state, args.compiled)
     print(f"calibrated ({time.perf_counter() - started:.0f} s since the start)", flush=True)
     command = "python benchmarks/profile_model.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.calibrate_only:
@@ -503,8 +527,9 @@ def main(argv=None) -> int:
     lm.set_attn_implementation(attention.register(mask=False))
     fit, held = (STATE_FIT, STATE_HELDOUT) if state else (FIT, HELDOUT)
     for path, grids in ((args.out, fit), (args.heldout, held)):
-        data = measure(lm, spec, placed, grids, args.reps, args.mixed_context, heldout=grids is held)
-        prov = provenance(command, args.revision, STATE_METHOD if state else METHOD)
+        data = measure(lm, spec, placed, grids, args.reps, args.mixed_context, heldout=grids is held,
+                       compiled=args.compiled)
+        prov = provenance(command, args.revision, STATE_METHOD if state else COMPILED_METHOD if args.compiled else METHOD)
         prov["non_forward_method"] = calibrated["non_forward_method"]
         profile = {"format": "unikv-step-profile", "version": 1, "model": args.model, "gpu": args.gpu,
                    "provenance": prov, "non_forward_s": calibrated["non_forward_s"], "moe_touch": [], **data}

@@ -49,16 +49,18 @@ def cells(models, traces, layouts):
     return [(m, t, lay) for m in models for t in traces for lay in layouts]
 
 
-def config(model: str, trace: str, layout: str, executor: str):
+def config(model: str, trace: str, layout: str, executor: str, compiled: bool = False):
     """The run of one cell: the real executor on the GPU (bf16, CUDA-graph
-    decode, the measured clock) or the cost model on the CPU."""
+    decode, the measured clock; `compiled`: decode and prefill / mixed
+    steps with compiled layers, --compiled) or the cost model on the CPU."""
     from unikv.sim.config import RunConfig
 
     common = dict(TRACES[trace], trace_end_s=None, layout=layout, compaction="lazy", oversize="reject",
                   kv_cache_dtype="bf16", gpu="h200", seed=0)
     if executor == "real":
         return RunConfig(model=str(MODELS[model]), executor="real", device="cuda", dtype="bf16",
-                         decode_graphs=True, real_clock="measured", **common)
+                         decode_graphs=True, compile_decode=compiled, compile_prefill=compiled,
+                         real_clock="measured", **common)
     return RunConfig(model=model, **common)
 
 
@@ -79,7 +81,7 @@ def memoize_builds() -> None:
     real_model.build_model = cached
 
 
-def run_real(out: Path, selected) -> int:
+def run_real(out: Path, selected, compiled: bool = False) -> int:
     import gc
 
     import torch
@@ -92,12 +94,14 @@ def run_real(out: Path, selected) -> int:
             print(f"{dest.name}: done before, kept", flush=True)
             continue
         t0 = time.perf_counter()
-        result = run(config(model, trace, layout, "real"))
+        result = run(config(model, trace, layout, "real", compiled))
         write_run(result, dest, fmt="csv")
         s = result.summary
         print(f"{dest.name}: {s['steps']} steps, {s.get('graph_steps')} through graphs, {s['finished']} finished, "
               f"TTFT p50 {s['ttft_p50_s']:.3f} s, TPOT {s['tpot_mean_s'] * 1e3:.1f} ms, "
-              f"wall {time.perf_counter() - t0:.1f} s", flush=True)
+              f"wall {time.perf_counter() - t0:.1f} s"
+              + (f", packed steps compiled {s['prefill_compiled_steps']} / eager {s['prefill_eager_steps']}"
+                 if compiled else ""), flush=True)
         del result
         gc.collect()
         torch.cuda.empty_cache()
@@ -248,10 +252,13 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--traces", nargs="+", default=list(TRACES), choices=list(TRACES))
     ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    ap.add_argument("--compiled", action="store_true",
+                    help="real: decode and prefill / mixed steps with compiled decoder layers (compile_decode, "
+                         "compile_prefill)")
     args = ap.parse_args(argv)
     selected = cells(args.models, args.traces, args.layouts)
     args.out.mkdir(parents=True, exist_ok=True)
-    return run_real(args.out, selected) if args.mode == "real" else run_compare(args.out, selected)
+    return run_real(args.out, selected, args.compiled) if args.mode == "real" else run_compare(args.out, selected)
 
 
 if __name__ == "__main__":

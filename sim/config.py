@@ -175,8 +175,13 @@ class RunConfig:
             attention and the KV write one opaque operator, inside the
             captured graph (`DecodeGraphs(compile=True)`); a bucket whose
             compile or capture fails runs uncompiled and the summary says why.
-            The model's q/k/v and gate/up projections then run as one
-            matmul each in every step (`sim.real.fuse`), as engines hold them.
+        compile_prefill: real executor: the steps with a prefill chunk (the
+            packed prefill and mixed steps) run with each decoder layer
+            compiled as `compile_decode` compiles it, every chunk size one
+            graph (`sim.real.prefill.CompiledPrefill`); a compile that fails
+            leaves the steps eager and the summary says why.
+        With either, the model's q/k/v and gate/up projections run as one
+        matmul each in every step (`sim.real.fuse`), as engines hold them.
     """
 
     trace: str = _opt("azure_conv", "bundled sample name or trace file path")
@@ -210,6 +215,9 @@ class RunConfig:
     compile_decode: bool = _opt(False, "real executor with --decode-graphs: each decoder layer compiled with "
                                        "torch.compile (inductor) inside the captured decode graph, and the "
                                        "q/k/v and gate/up projections fused")
+    compile_prefill: bool = _opt(False, "real executor: prefill and mixed steps with each decoder layer compiled "
+                                        "with torch.compile (inductor), one graph for every chunk size, and the "
+                                        "q/k/v and gate/up projections fused")
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
@@ -336,7 +344,7 @@ def _check_executor(config: RunConfig) -> None:
         raise ValueError(f"device={device!r} must be 'cpu', 'cuda' or 'cuda:N'")
     if config.executor == "cost":
         for name, default in (("weights", None), ("device", "cpu"), ("dtype", None), ("real_clock", "measured"),
-                              ("decode_graphs", False), ("compile_decode", False)):
+                              ("decode_graphs", False), ("compile_decode", False), ("compile_prefill", False)):
             if getattr(config, name) != default:
                 raise ValueError(f"{name}={getattr(config, name)!r} applies only to executor='real'; "
                                  "pass executor='real' or leave it unset")

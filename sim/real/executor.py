@@ -56,12 +56,18 @@ class RealExecutor:
             of the measured ones (None: measured).
         graphs: a `sim.real.graphs.DecodeGraphs` decode-only steps run
             through (None: every step eagerly).
+        prefill: a `sim.real.prefill.CompiledPrefill` the packed steps
+            (with a prefill chunk) run through (None: eagerly); not with
+            a `binder`.
         binder: a `sim.real.state.StateBinder` over the pool's state band
             `state_band`, for a model with recurrent layers (None: none).
     """
 
     def __init__(self, memory, model, views, tokens: TokenSource, *, bands, device: str = "cpu",
-                 cost=None, graphs=None, binder=None, state_band: str | None = None) -> None:
+                 cost=None, graphs=None, prefill=None, binder=None, state_band: str | None = None) -> None:
+        if prefill is not None and binder is not None:
+            raise ValueError("RealExecutor: prefill (compiled packed steps) with a state binder; the recurrent "
+                             "state's forwards run eagerly: expected prefill=None")
         self.mem = memory
         self.model = model
         self.views = views
@@ -71,6 +77,7 @@ class RealExecutor:
         self.cuda = str(device).startswith("cuda")
         self.cost = cost
         self.graphs = graphs
+        self.prefill = prefill
         self.binder = binder
         self.fused: dict | None = None  # what `fuse_projections` fused (build_real_executor), if it ran
         self.state_band = state_band
@@ -90,22 +97,18 @@ class RealExecutor:
     def warm_up(self, max_batch: int) -> None:
         """What an engine does before it serves: one eager forward of a
         page of tokens that reads and writes only the sink (so the kernels
-        compile and the libraries initialise off the clock), then every
-        decode graph a batch of up to `max_batch` requests can use."""
+        compile and the libraries initialise off the clock), the compiled
+        packed forward's usual shapes (`CompiledPrefill.warm_up`), then
+        every decode graph a batch of up to `max_batch` requests can use."""
         import torch
-        from unikv.sim.real.attention import StepContext, use_step
+        from unikv.sim.real.attention import use_step
+        from unikv.sim.real.prefill import sink_step
 
-        n, dev = self.mem.ps, self.device
-        ctx = StepContext(views=self.views,
-                          block_tables={b: torch.zeros((1, 1), dtype=torch.int32, device=dev) for b in self.bands},
-                          cu_q=torch.tensor([0, n], dtype=torch.int32, device=dev),
-                          seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
-                          write_slots={b: torch.zeros(n, dtype=torch.int64, device=dev) for b in self.bands},
-                          layout="packed")
+        ctx, ids, pos, keep = sink_step(self.views, self.bands, self.mem.ps, self.device)
         with torch.inference_mode(), use_step(ctx):
-            self.model(input_ids=torch.zeros((1, n), dtype=torch.int64, device=dev),
-                       position_ids=torch.arange(n, device=dev).view(1, n), use_cache=False,
-                       logits_to_keep=torch.tensor([n - 1], device=dev))
+            self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=keep)
+        if self.prefill is not None:
+            self.prefill.warm_up(self.mem.ps, self.bands)
         if self.graphs is not None:
             self.graphs.capture_buckets(max_batch)
         if self.cuda:
@@ -175,6 +178,9 @@ class RealExecutor:
             cache = self.binder.before(slots, fresh=fresh)
             self._bind_marks.append((start, self._mark()))
             kwargs = {"use_cache": True, self.cache_kwarg: cache}
+        if self.prefill is not None and batch.layout == "packed":  # no binder: kwargs hold no cache
+            out = self.prefill.forward(ctx, batch.input_ids, batch.position_ids, keep)
+            return out.logits[0].argmax(-1)
         with torch.inference_mode(), use_step(ctx):
             out = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
                              logits_to_keep=keep, **kwargs)
@@ -250,6 +256,11 @@ def _state_ids(requests) -> list[int]:
 
 # -- building a real run (sim.run calls these for executor="real") --
 
+COMPILE_BACKEND = "inductor"
+"""`torch.compile`'s backend for the compiled decode and packed steps
+(the CPU tests set "aot_eager": inductor's C++ code takes minutes there)."""
+
+
 def real_backend(device: str):
     """The pool backend of a real run: the sim backend with real bytes on
     the CPU (the KV views read its numpy buffer), the CUDA backend on a GPU.
@@ -317,7 +328,7 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
     # a graph capture may not read the device: no mask preprocessing then (attention.register)
     lm.set_attn_implementation(attention.register(mask=not config.decode_graphs))
     fused = None
-    if config.compile_decode:  # as engines hold them: one matmul per group, in every step
+    if config.compile_decode or config.compile_prefill:  # as engines hold them: one matmul per group, every step
         from unikv.sim.real.fuse import fuse_projections
 
         fused = fuse_projections(lm)
@@ -325,14 +336,19 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
     block = memory.cache.block_tokens if memory.cache is not None else None
     tokens = TokenSource(vocab_size=int(lm.config.vocab_size), block_tokens=block, seed=config.seed)
     cost = CostModelExecutor(memory, step_cost, kv_read) if config.real_clock == "cost" else None
-    graphs = None
+    graphs = prefill = None
     if config.decode_graphs and binder is None:  # the state gather / scatter is not captured: eager decode
         from unikv.sim.real.graphs import DecodeGraphs
 
         graphs = DecodeGraphs(lm, views, bands, device=config.device, max_pages=_max_pages(lm.config, memory),
-                              compile=config.compile_decode)
+                              compile=config.compile_decode, compile_backend=COMPILE_BACKEND)
+    if config.compile_prefill and binder is None:  # the state's forwards run eagerly (the summary says so)
+        from unikv.sim.real.prefill import CompiledPrefill
+
+        prefill = CompiledPrefill(lm, views, device=config.device, backend=COMPILE_BACKEND)
     executor = RealExecutor(memory, lm, views, tokens, bands=bands, device=config.device, cost=cost, graphs=graphs,
-                            binder=binder, state_band=memory.state_band if binder is not None else None)
+                            prefill=prefill, binder=binder,
+                            state_band=memory.state_band if binder is not None else None)
     executor.fused = fused
     if executor.cuda and config.real_clock == "measured":  # start-up work an engine does before its clock runs
         executor.warm_up(config.scheduler.max_running)
@@ -400,7 +416,8 @@ def executor_identity(config) -> dict:
     return {"executor": config.executor, "device": config.device,
             "dtype": config.dtype or config.kv_cache_dtype,
             "weights": config.weights or f"random (seed {config.seed})", "real_clock": config.real_clock,
-            "decode_graphs": config.decode_graphs, "compile_decode": config.compile_decode}
+            "decode_graphs": config.decode_graphs, "compile_decode": config.compile_decode,
+            **({"compile_prefill": True} if config.compile_prefill else {})}
 
 
 def executor_summary(config, executor: RealExecutor) -> dict:
@@ -422,7 +439,26 @@ def executor_summary(config, executor: RealExecutor) -> dict:
         out.update(graph_steps=stats["steps"], graph_buckets=stats["buckets"], graph_captured=stats["captured"],
                    graph_capture_failures={str(k): v for k, v in stats["failures"].items()})
         if config.compile_decode:
-            out.update(graph_compile_failures={str(k): v for k, v in stats.get("compile_failures", {}).items()})
+            out.update(graph_compiled=stats["compiled"],
+                       graph_compile_failures={str(k): v for k, v in stats["compile_failures"].items()})
+    if config.compile_prefill:
+        out.update(prefill_summary(executor))
     if executor.fused is not None:
         out["fused_projections"] = executor.fused
     return out
+
+
+def prefill_summary(executor: RealExecutor) -> dict:
+    """Whether the packed steps (with a prefill chunk) ran compiled: steps
+    run compiled and eagerly, forwards that compiled a new graph and the
+    graphs they made (the recompiles of the run), their seconds, and why
+    the compiled forward stopped or never ran (None: it never failed)."""
+    if executor.prefill is None:
+        packed = executor.decode_only.count(False)
+        return {"prefill_compiled_steps": 0, "prefill_eager_steps": packed, "prefill_compiles": 0,
+                "prefill_graphs": 0, "prefill_compile_s": 0.0,
+                "prefill_compile_failure": "recurrent state: its forwards run eagerly (the state binder)"}
+    s = executor.prefill.stats()
+    return {"prefill_compiled_steps": s["compiled_steps"], "prefill_eager_steps": s["eager_steps"],
+            "prefill_compiles": s["compiles"], "prefill_graphs": s["graphs"], "prefill_compile_s": s["compile_s"],
+            "prefill_compile_failure": s["failure"]}

@@ -97,33 +97,46 @@ class CompiledLayers:
                          for cls in {type(x) for x in layers}}
 
     @contextlib.contextmanager
-    def active(self, views, batch: int) -> Iterator[None]:
+    def active(self, views, batch: int, dim: int = 0) -> Iterator[None]:
         """Run the layers compiled over `views`' caches for the block;
-        `batch` > 1: the inputs' leading dimension is marked dynamic."""
+        `batch` > 1: the inputs' dimension `dim` is marked dynamic where
+        it has size `batch` (decode: 0, the requests of `[B, 1, ...]`;
+        a packed step: 1, the tokens of `[1, T, ...]`)."""
         try:
             for layer in self.layers:
                 i = layer.self_attn.layer_idx
                 layer.self_attn.unikv_cache = (views.k(i), views.v(i), views.band(i))
-                layer.forward = types.MethodType(self._forward(type(layer), batch), layer)
+                layer.forward = types.MethodType(self._forward(type(layer), batch, dim), layer)
             yield
         finally:  # the model as it was: no reference to this pool's views is kept
             for layer in self.layers:
                 layer.__dict__.pop("forward", None)
                 layer.self_attn.__dict__.pop("unikv_cache", None)
 
-    def _forward(self, cls: type, batch: int) -> Callable:
+    def _forward(self, cls: type, batch: int, dim: int) -> Callable:
         import torch
 
         compiled = self.compiled[cls]
 
         def forward(layer, *args, **kwargs):
-            if batch > 1:  # hidden states, positions, rotary tables: [batch, ...]
+            if batch > 1:  # hidden states, positions, rotary tables: `batch` long in `dim`
                 for t in _tensors(args, kwargs):
-                    if t.dim() and t.shape[0] == batch:
-                        torch._dynamo.maybe_mark_dynamic(t, 0)
+                    if t.dim() > dim and t.shape[dim] == batch:
+                        torch._dynamo.maybe_mark_dynamic(t, dim)
             return compiled(layer, *args, **kwargs)
 
         return forward
+
+
+def mark_caches_dynamic(views) -> None:
+    """Mark the page count of every K / V cache of `views` dynamic: the
+    pool's size is no part of a compiled graph."""
+    import torch
+
+    for layer, spec in views.layers.items():
+        if spec.kind == "kv":
+            torch._dynamo.maybe_mark_dynamic(views.k(layer), 0)
+            torch._dynamo.maybe_mark_dynamic(views.v(layer), 0)
 
 
 def _tensors(args: tuple, kwargs: dict) -> Iterator[Any]:
@@ -202,8 +215,6 @@ class DecodeGraphs:
         the registration) and the caches' page count marked dynamic (the
         pool's size is no part of the graphs); a model that cannot be
         compiled is recorded, and every bucket then runs uncompiled."""
-        import torch
-
         from unikv.kernels.attention.op import attention_op
 
         attention_op()
@@ -212,10 +223,7 @@ class DecodeGraphs:
         except ValueError as exc:
             self._refused = f"ValueError: {exc}"
             return
-        for layer, spec in self.views.layers.items():
-            if spec.kind == "kv":
-                torch._dynamo.maybe_mark_dynamic(self.views.k(layer), 0)
-                torch._dynamo.maybe_mark_dynamic(self.views.v(layer), 0)
+        mark_caches_dynamic(self.views)
 
     def bucket(self, batch_size: int) -> int | None:
         """The smallest bucket holding `batch_size` requests (None: none does)."""
@@ -329,7 +337,7 @@ class DecodeGraphs:
             if cuda:
                 torch.cuda.synchronize(self.device)
         except Exception as exc:  # any compiler error: this bucket runs uncompiled, the stats say why
-            self.compile_failures[n] = _compile_error(exc)
+            self.compile_failures[n] = compile_error(exc)
             return
         self.compile_s[n] = time.perf_counter() - t0
         st.compiled = True
@@ -368,7 +376,7 @@ class DecodeGraphs:
             self._warm_up(st)
             self._capture(st)
         except Exception as exc:  # any error of the compiled code: the uncompiled forward instead
-            self.compile_failures[n] = f"capture: {_compile_error(exc)}"
+            self.compile_failures[n] = f"capture: {compile_error(exc)}"
             st.compiled = False
             return False
         return True
@@ -417,7 +425,7 @@ class DecodeGraphs:
         return out
 
 
-def _compile_error(exc: BaseException) -> str:
+def compile_error(exc: BaseException) -> str:
     """The error's type and first two lines (dynamo's first line of a
     backend's failure only names the backend: "backend='inductor' raised:")."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]

@@ -113,8 +113,9 @@ def run_inputs(config: RunConfig, *, trace_sha256: str, model_sha256: str, gpu_s
     for name in UNSET_OMITTED:
         if inputs["scheduler"].get(name) is None:
             inputs["scheduler"].pop(name, None)
-    if not inputs.get("compile_decode"):  # added after studies were run: off, runs are as before
-        inputs.pop("compile_decode", None)
+    for name in ("compile_decode", "compile_prefill"):  # added after studies were run: off, runs are as before
+        if not inputs.get(name):
+            inputs.pop(name, None)
     inputs["kv_budget_bytes"] = round(inputs.pop("kv_budget_gib") * (1 << 30))
     inputs.update(trace_sha256=trace_sha256, model_sha256=model_sha256, gpu_sha256=gpu_sha256,
                   unikv_version=unikv.__version__)

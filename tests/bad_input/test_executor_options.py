@@ -50,7 +50,8 @@ def test_bad_real_executor_options_are_refused(tmp_path, model, flags, words):
 def test_real_only_options_need_the_real_executor(tmp_path):
     for flags, word in ((["--weights", str(tmp_path)], "weights"), (["--device", "cuda"], "device"),
                         (["--real-clock", "cost"], "real_clock"), (["--dtype", "bf16"], "dtype"),
-                        (["--decode-graphs"], "decode_graphs"), (["--compile-decode"], "compile_decode")):
+                        (["--decode-graphs"], "decode_graphs"), (["--compile-decode"], "compile_decode"),
+                        (["--compile-prefill"], "compile_prefill")):
         result = run_cli(["replay", *flags, "--out", tmp_path / "out", *FAST])
         assert_refused(result, word, "executor='real'")
 

@@ -274,8 +274,8 @@ def test_the_warm_up_touches_only_the_sink_and_builds_every_bucket_first(tmp_pat
     one forward into the sink and every decode bucket up to the running
     cap, built before the first step. A replay after it generates the same
     tokens and writes the same tables as one without it."""
+    build = real_executor.build_real_executor  # before replay() wraps it (the wrapper returns its run's executor)
     plain, plain_ex, _ = replay(tmp_path / "plain", monkeypatch, "gpt_oss", "lazy", 0.00003, graphs=True)
-    build = real_executor.build_real_executor
     seen = {}
 
     def warmed(config, memory, *a, **k):
@@ -290,7 +290,7 @@ def test_the_warm_up_touches_only_the_sink_and_builds_every_bucket_first(tmp_pat
     monkeypatch.setattr(real_executor, "build_real_executor", warmed)
     got, ex, _ = replay(tmp_path / "warm", monkeypatch, "gpt_oss", "lazy", 0.00003, graphs=True)
     assert seen["buckets"] == [1, 2, 4, 8, 16]  # the cap is 16 running requests
-    assert ex.generated == plain_ex.generated
+    assert ex is not plain_ex and ex.generated == plain_ex.generated
     pd.testing.assert_frame_equal(got.steps.drop(columns=["step_time_s"]), plain.steps.drop(columns=["step_time_s"]))
 
 
