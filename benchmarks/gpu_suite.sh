@@ -11,6 +11,10 @@
 #
 #   bash benchmarks/gpu_suite.sh tests check    # one device call
 #   bash benchmarks/gpu_suite.sh bench          # another
+# PYTEST_ARGS adds pytest options to the tests part, e.g. "-n 6 --dist
+# loadfile" with pytest-xdist's wheel carried in .whl (the compile-heavy
+# tests are bound by one host core each; loadfile keeps a module's
+# fixtures in one worker).
 set -uo pipefail
 out=${OUT:-results/real/h200}
 mkdir -p "$out"
@@ -31,7 +35,9 @@ for part in "$@"; do
     case $part in
     tests)
         # the checkout after the install on the path: tests import their own helpers (tests.unikv.factories)
+        # shellcheck disable=SC2086
         PYTHONPATH=/tmp/site:$PWD python3 -P -m pytest -q -rs --timeout 300 -p no:cacheprovider --durations 15 \
+            ${PYTEST_ARGS:-} \
             tests/kernels tests/backends tests/unikv/test_kv_views.py tests/unikv/test_state_views.py \
             tests/unikv/test_page_rows.py tests/unikv/test_pool_pages.py tests/unikv/test_float.py \
             tests/sim/real tests/bad_input/test_executor_options.py 2>&1 | tee "$out/pytest_gpu.log"
