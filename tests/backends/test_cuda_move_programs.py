@@ -3,7 +3,9 @@
 The pool's moves must stay exact (lockstep with SimBackend, every byte) and
 every launch must receive the bound; a bad bound is refused at construction.
 On the CPU the Triton kernels run through the interpreter (see
-tests/kernels/conftest.py); without Triton the torch fallback ignores it.
+tests/kernels/conftest.py); with a GPU, natively on it (CPU tensors there
+take the torch fallback: Triton was imported without the interpreter);
+without Triton the torch fallback ignores it.
 """
 
 import os
@@ -18,6 +20,8 @@ if not torch.cuda.is_available():
 from test_cuda_backend import CUDA, Lockstep  # noqa: E402  (pytest puts this folder on sys.path)
 
 from unikv.backends.cuda import CudaBackend  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the Triton kernel runs
 
 
 def spy_launches(monkeypatch) -> list:
@@ -36,7 +40,7 @@ def spy_launches(monkeypatch) -> list:
 
 @pytest.mark.parametrize("compaction", ["lazy", "eager"])
 def test_bounded_moves_keep_the_pool_exact(compaction, monkeypatch):
-    backend = CudaBackend("cpu", move_programs=2)
+    backend = CudaBackend(DEVICE, move_programs=2)
     if not backend.ops.triton:
         pytest.skip("no Triton: the torch fallback has no grid")
     seen = spy_launches(monkeypatch)
@@ -45,7 +49,7 @@ def test_bounded_moves_keep_the_pool_exact(compaction, monkeypatch):
 
 
 def test_default_is_a_full_grid(monkeypatch):
-    backend = CudaBackend("cpu")
+    backend = CudaBackend(DEVICE)
     if not backend.ops.triton:
         pytest.skip("no Triton: the torch fallback has no grid")
     seen = spy_launches(monkeypatch)
