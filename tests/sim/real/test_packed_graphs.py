@@ -387,3 +387,18 @@ def test_bad_arguments_are_refused(gemma, kwargs, words):
     args = dict(device="cpu", max_pages=8, max_requests=2, buckets=(8, 16)) | kwargs
     with pytest.raises(ValueError, match=f"^PackedGraphs: {words.replace('[', '.').replace(']', '.')}$"):
         PackedGraphs(None, views, views.bands, **args)
+
+
+def test_registering_without_a_mask_removes_an_earlier_mask_function():
+    """A captured packed step must not run transformers' mask preprocessing
+    (its packed-sequence check reads the device): `register(mask=False)`
+    after `register(mask=True)` in one process leaves no mask function."""
+    from transformers import AttentionMaskInterface
+    from unikv.sim.real.attention import register, unikv_mask
+
+    name = "unikv_mask_then_none"
+    register(name, mask=True)
+    assert AttentionMaskInterface._global_mapping[name] is unikv_mask
+    assert register(name, mask=False) == name and name not in AttentionMaskInterface._global_mapping
+    register(name, mask=False)  # idempotent
+    assert name not in AttentionMaskInterface._global_mapping
