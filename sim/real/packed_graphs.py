@@ -57,8 +57,10 @@ from typing import Any
 
 from unikv.sim.real.graphs import compile_error
 
-PACKED_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
-"""Token counts a packed step is padded up to; a larger step runs uncaptured."""
+PACKED_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+"""Token counts a packed step is padded up to (powers of two and the
+midpoints between them: a step of more than 32 tokens computes at most a
+third more tokens than its own); a larger step runs uncaptured."""
 
 
 @dataclass
