@@ -402,3 +402,18 @@ def test_registering_without_a_mask_removes_an_earlier_mask_function():
     assert register(name, mask=False) == name and name not in AttentionMaskInterface._global_mapping
     register(name, mask=False)  # idempotent
     assert name not in AttentionMaskInterface._global_mapping
+
+
+def test_a_recurrent_model_runs_its_packed_steps_eagerly_and_the_summary_says_so():
+    """With a state binder the executor refuses packed graphs, and a run whose
+    model keeps recurrent state (no PackedGraphs built) counts every packed
+    step as a fallback and says why."""
+    from types import SimpleNamespace
+
+    from unikv.sim.real.executor import RealExecutor, packed_graph_summary
+
+    with pytest.raises(ValueError, match="packed .* with a state binder.* expected packed=None"):
+        RealExecutor(None, None, None, None, bands=["full"], packed=object(), binder=object())
+    s = packed_graph_summary(SimpleNamespace(packed=None, decode_only=[True, False, False, True]))
+    assert s["packed_graph_fallbacks"] == 2 and s["packed_graph_steps_captured"] == 0
+    assert s["packed_graph_off"].startswith("recurrent state")
