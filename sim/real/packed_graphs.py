@@ -298,13 +298,14 @@ class PackedGraphs:
         """Buckets built and captured, steps run through captured and
         uncaptured buckets, steps no bucket took, why a capture failed
         (bucket -> error), and with a `CompiledPrefill` the buckets that run
-        compiled and why one gave its compiled forward up."""
+        compiled (none once its compiled forward failed: its `failure` says
+        why) and why a bucket gave its compiled forward up."""
         built = self._buckets
         out = {"buckets": sorted(built), "captured": sorted(n for n, b in built.items() if b.graph is not None),
                "steps_captured": sum(b.steps for b in built.values() if b.graph is not None),
                "steps_uncaptured": sum(b.steps for b in built.values() if b.graph is None),
                "fallbacks": self.fallbacks, "failures": dict(self.failures)}
-        if self.prefill is not None:
-            out.update(compiled=sorted(n for n, b in built.items() if b.compiled),
+        if self.prefill is not None:  # once the compiled forward has failed, every bucket runs eagerly
+            out.update(compiled=sorted(n for n, b in built.items() if b.compiled and self._compiles()),
                        compile_failures=dict(self.compile_failures))
         return out

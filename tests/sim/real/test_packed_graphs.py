@@ -417,3 +417,23 @@ def test_a_recurrent_model_runs_its_packed_steps_eagerly_and_the_summary_says_so
     s = packed_graph_summary(SimpleNamespace(packed=None, decode_only=[True, False, False, True]))
     assert s["packed_graph_fallbacks"] == 2 and s["packed_graph_steps_captured"] == 0
     assert s["packed_graph_off"].startswith("recurrent state")
+
+
+def test_a_compile_that_fails_leaves_every_bucket_eager_with_the_eager_picks(gemma):
+    """A backend that raises: the steps still give the eager forward's picks,
+    no bucket counts as compiled, and the compiled prefill says why."""
+    model, layers = gemma
+    (pool_a, views_a), (pool_b, views_b) = pool_and_views(layers), pool_and_views(layers)
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("this backend cannot compile")
+
+    prefill = CompiledPrefill(model, views_b, device="cpu", backend=broken)
+    packed = PackedGraphs(model, views_b, views_b.bands, device="cpu", max_pages=12, max_requests=4,
+                          buckets=(8, 16), prefill=prefill)
+    for seed, spans in enumerate([[(0, 7)], [(2, 3), (0, 9)]]):
+        want = eager_picks(model, views_a, packed_step(pool_a, views_a, spans, seed))
+        assert torch.equal(packed.run(packed_step(pool_b, views_b, spans, seed)), want)
+    stats = packed.stats()
+    assert stats["buckets"] == [8, 16] and stats["compiled"] == [] and stats["steps_uncaptured"] == 2
+    assert "this backend cannot compile" in prefill.stats()["failure"]
