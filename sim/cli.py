@@ -208,7 +208,8 @@ def _replay(argv: Sequence[str]) -> int:
         oracle_config = config.with_(layout="oracle", compaction="lazy", static_ratio=None, engine=engine,
                                      executor="cost", weights=None, device="cpu", dtype=None,
                                      real_clock="measured", decode_graphs=False,
-                                     compile_decode=False, compile_prefill=False)
+                                     compile_decode=False, compile_prefill=False,
+                                     prefill_graphs=False)
         with progress_bar("oracle", show=show) as progress:
             oracle = run(oracle_config, progress=progress)
         result.summary.update(capacity_efficiency(result.summary, oracle.summary))

@@ -180,6 +180,12 @@ class RunConfig:
             compiled as `compile_decode` compiles it, every chunk size one
             graph (`sim.real.prefill.CompiledPrefill`); a compile that fails
             leaves the steps eager and the summary says why.
+        prefill_graphs: real executor: the packed steps of up to 2,048
+            tokens and `scheduler.max_running` requests run through static
+            buffers per token-count bucket, captured as CUDA graphs on a GPU
+            (`sim.real.packed_graphs`), with `compile_prefill` over the
+            compiled layers; larger steps run as without it, and a bucket
+            whose capture fails runs uncaptured (the summary says why).
         With either, the model's q/k/v and gate/up projections run as one
         matmul each in every step (`sim.real.fuse`), as engines hold them.
     """
@@ -218,6 +224,8 @@ class RunConfig:
     compile_prefill: bool = _opt(False, "real executor: prefill and mixed steps with each decoder layer compiled "
                                         "with torch.compile (inductor), one graph for every chunk size, and the "
                                         "q/k/v and gate/up projections fused")
+    prefill_graphs: bool = _opt(False, "real executor: prefill and mixed steps of up to 2,048 tokens through "
+                                       "static per-token-bucket buffers, captured as CUDA graphs on a GPU")
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
@@ -344,7 +352,8 @@ def _check_executor(config: RunConfig) -> None:
         raise ValueError(f"device={device!r} must be 'cpu', 'cuda' or 'cuda:N'")
     if config.executor == "cost":
         for name, default in (("weights", None), ("device", "cpu"), ("dtype", None), ("real_clock", "measured"),
-                              ("decode_graphs", False), ("compile_decode", False), ("compile_prefill", False)):
+                              ("decode_graphs", False), ("compile_decode", False), ("compile_prefill", False),
+                              ("prefill_graphs", False)):
             if getattr(config, name) != default:
                 raise ValueError(f"{name}={getattr(config, name)!r} applies only to executor='real'; "
                                  "pass executor='real' or leave it unset")

@@ -209,6 +209,9 @@ def unikv_mask(*args, **kwargs) -> None:
 def register(name: str = NAME, *, mask: bool = True) -> str:
     """Register `unikv_attention` (and, with `mask`, `unikv_mask`) under `name`
     in transformers' global attention (and mask) interfaces; idempotent.
+    Without `mask`, a mask function an earlier call registered under `name`
+    is removed: the last call decides, so a forward captured as a CUDA graph
+    after an eager run in the same process reads no device for a mask.
 
     Returns:
         `name`, for `attn_implementation=` or `model.set_attn_implementation`.
@@ -218,4 +221,6 @@ def register(name: str = NAME, *, mask: bool = True) -> str:
     AttentionInterface.register(name, unikv_attention)
     if mask:
         AttentionMaskInterface.register(name, unikv_mask)
+    elif AttentionMaskInterface._global_mapping.get(name) is unikv_mask:
+        del AttentionMaskInterface._global_mapping[name]
     return name

@@ -59,15 +59,20 @@ class RealExecutor:
         prefill: a `sim.real.prefill.CompiledPrefill` the packed steps
             (with a prefill chunk) run through (None: eagerly); not with
             a `binder`.
+        packed: a `sim.real.packed_graphs.PackedGraphs` the packed steps
+            run through first (None: none); a step it takes no bucket for
+            runs as without it; not with a `binder`.
         binder: a `sim.real.state.StateBinder` over the pool's state band
             `state_band`, for a model with recurrent layers (None: none).
     """
 
     def __init__(self, memory, model, views, tokens: TokenSource, *, bands, device: str = "cpu",
-                 cost=None, graphs=None, prefill=None, binder=None, state_band: str | None = None) -> None:
-        if prefill is not None and binder is not None:
-            raise ValueError("RealExecutor: prefill (compiled packed steps) with a state binder; the recurrent "
-                             "state's forwards run eagerly: expected prefill=None")
+                 cost=None, graphs=None, prefill=None, packed=None, binder=None,
+                 state_band: str | None = None) -> None:
+        for name, value in (("prefill", prefill), ("packed", packed)):
+            if value is not None and binder is not None:
+                raise ValueError(f"RealExecutor: {name} (compiled or captured packed steps) with a state binder; "
+                                 f"the recurrent state's forwards run eagerly: expected {name}=None")
         self.mem = memory
         self.model = model
         self.views = views
@@ -78,6 +83,7 @@ class RealExecutor:
         self.cost = cost
         self.graphs = graphs
         self.prefill = prefill
+        self.packed = packed
         self.binder = binder
         self.fused: dict | None = None  # what `fuse_projections` fused (build_real_executor), if it ran
         self.state_band = state_band
@@ -98,8 +104,9 @@ class RealExecutor:
         """What an engine does before it serves: one eager forward of a
         page of tokens that reads and writes only the sink (so the kernels
         compile and the libraries initialise off the clock), the compiled
-        packed forward's usual shapes (`CompiledPrefill.warm_up`), then
-        every decode graph a batch of up to `max_batch` requests can use."""
+        packed forward's usual shapes (`CompiledPrefill.warm_up`), every
+        packed graph's bucket (`PackedGraphs.warm_up`), then every decode
+        graph a batch of up to `max_batch` requests can use."""
         import torch
         from unikv.sim.real.attention import use_step
         from unikv.sim.real.prefill import sink_step
@@ -109,6 +116,8 @@ class RealExecutor:
             self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=keep)
         if self.prefill is not None:
             self.prefill.warm_up(self.mem.ps, self.bands)
+        if self.packed is not None:
+            self.packed.warm_up()
         if self.graphs is not None:
             self.graphs.capture_buckets(max_batch)
         if self.cuda:
@@ -132,9 +141,10 @@ class RealExecutor:
         pending = []
         for batch, fresh in batches:
             picks = None
-            if self.graphs is not None and batch.layout == "padded":
+            through = self.graphs if batch.layout == "padded" else self.packed
+            if through is not None:
                 with torch.inference_mode():
-                    picks = self.graphs.run(batch)  # None: no bucket fits, run it eagerly
+                    picks = through.run(batch)  # None: no bucket fits, run it as without graphs
             if picks is None:
                 picks = self._forward(batch, fresh)
             pending.append((batch.samplers, picks))
@@ -326,7 +336,7 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
     except (ValueError, TypeError) as exc:
         raise ValueError(f"layout={config.layout!r}: the real executor cannot view this pool ({exc})") from None
     # a graph capture may not read the device: no mask preprocessing then (attention.register)
-    lm.set_attn_implementation(attention.register(mask=not config.decode_graphs))
+    lm.set_attn_implementation(attention.register(mask=not (config.decode_graphs or config.prefill_graphs)))
     fused = None
     if config.compile_decode or config.compile_prefill:  # as engines hold them: one matmul per group, every step
         from unikv.sim.real.fuse import fuse_projections
@@ -346,8 +356,14 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
         from unikv.sim.real.prefill import CompiledPrefill
 
         prefill = CompiledPrefill(lm, views, device=config.device, backend=COMPILE_BACKEND)
+    packed = None
+    if config.prefill_graphs and binder is None:  # as the compiled prefill: the state's forwards run eagerly
+        from unikv.sim.real.packed_graphs import PackedGraphs
+
+        packed = PackedGraphs(lm, views, bands, device=config.device, max_pages=_max_pages(lm.config, memory),
+                              max_requests=config.scheduler.max_running, prefill=prefill)
     executor = RealExecutor(memory, lm, views, tokens, bands=bands, device=config.device, cost=cost, graphs=graphs,
-                            prefill=prefill, binder=binder,
+                            prefill=prefill, packed=packed, binder=binder,
                             state_band=memory.state_band if binder is not None else None)
     executor.fused = fused
     if executor.cuda and config.real_clock == "measured":  # start-up work an engine does before its clock runs
@@ -417,7 +433,8 @@ def executor_identity(config) -> dict:
             "dtype": config.dtype or config.kv_cache_dtype,
             "weights": config.weights or f"random (seed {config.seed})", "real_clock": config.real_clock,
             "decode_graphs": config.decode_graphs, "compile_decode": config.compile_decode,
-            **({"compile_prefill": True} if config.compile_prefill else {})}
+            **({"compile_prefill": True} if config.compile_prefill else {}),
+            **({"prefill_graphs": True} if config.prefill_graphs else {})}
 
 
 def executor_summary(config, executor: RealExecutor) -> dict:
@@ -443,6 +460,8 @@ def executor_summary(config, executor: RealExecutor) -> dict:
                        graph_compile_failures={str(k): v for k, v in stats["compile_failures"].items()})
     if config.compile_prefill:
         out.update(prefill_summary(executor))
+    if config.prefill_graphs:
+        out.update(packed_graph_summary(executor))
     if executor.fused is not None:
         out["fused_projections"] = executor.fused
     return out
@@ -462,3 +481,26 @@ def prefill_summary(executor: RealExecutor) -> dict:
     return {"prefill_compiled_steps": s["compiled_steps"], "prefill_eager_steps": s["eager_steps"],
             "prefill_compiles": s["compiles"], "prefill_graphs": s["graphs"], "prefill_compile_s": s["compile_s"],
             "prefill_compile_failure": s["failure"]}
+
+
+def packed_graph_summary(executor: RealExecutor) -> dict:
+    """How the packed steps (with a prefill chunk) ran through the
+    per-token-bucket graphs: steps run captured, through a bucket's
+    buffers uncaptured (the CPU, or a failed capture), and outside the
+    buckets; the buckets built and captured; why a capture failed; with
+    the compiled prefill, the buckets run compiled and why one was not."""
+    if executor.packed is None:
+        packed = executor.decode_only.count(False)
+        return {"packed_graph_steps_captured": 0, "packed_graph_steps_uncaptured": 0,
+                "packed_graph_fallbacks": packed, "packed_graph_buckets": [], "packed_graph_captured": [],
+                "packed_graph_capture_failures": {},
+                "packed_graph_off": "recurrent state: its forwards run eagerly (the state binder)"}
+    s = executor.packed.stats()
+    out = {"packed_graph_steps_captured": s["steps_captured"], "packed_graph_steps_uncaptured": s["steps_uncaptured"],
+           "packed_graph_fallbacks": s["fallbacks"], "packed_graph_buckets": s["buckets"],
+           "packed_graph_captured": s["captured"],
+           "packed_graph_capture_failures": {str(k): v for k, v in s["failures"].items()}}
+    if "compiled" in s:
+        out.update(packed_graph_compiled=s["compiled"],
+                   packed_graph_compile_failures={str(k): v for k, v in s["compile_failures"].items()})
+    return out

@@ -113,7 +113,7 @@ def run_inputs(config: RunConfig, *, trace_sha256: str, model_sha256: str, gpu_s
     for name in UNSET_OMITTED:
         if inputs["scheduler"].get(name) is None:
             inputs["scheduler"].pop(name, None)
-    for name in ("compile_decode", "compile_prefill"):  # added after studies were run: off, runs are as before
+    for name in ("compile_decode", "compile_prefill", "prefill_graphs"):  # added after studies were run: off, runs are as before
         if not inputs.get(name):
             inputs.pop(name, None)
     inputs["kv_budget_bytes"] = round(inputs.pop("kv_budget_gib") * (1 << 30))

@@ -51,7 +51,7 @@ def test_real_only_options_need_the_real_executor(tmp_path):
     for flags, word in ((["--weights", str(tmp_path)], "weights"), (["--device", "cuda"], "device"),
                         (["--real-clock", "cost"], "real_clock"), (["--dtype", "bf16"], "dtype"),
                         (["--decode-graphs"], "decode_graphs"), (["--compile-decode"], "compile_decode"),
-                        (["--compile-prefill"], "compile_prefill")):
+                        (["--compile-prefill"], "compile_prefill"), (["--prefill-graphs"], "prefill_graphs")):
         result = run_cli(["replay", *flags, "--out", tmp_path / "out", *FAST])
         assert_refused(result, word, "executor='real'")
 

@@ -151,11 +151,11 @@ def test_an_unset_later_scheduler_setting_stays_out_of_the_run_id():
     assert both["scheduler"]["mamba_cache_mode"] == "align" and run_id_of(both) != run_id_of(unset)
 
 
-@pytest.mark.parametrize("name", ["compile_decode", "compile_prefill"])
+@pytest.mark.parametrize("name", ["compile_decode", "compile_prefill", "prefill_graphs"])
 def test_compile_options_off_stay_out_of_the_run_id(name):
-    """`compile_decode` and `compile_prefill` (added after the committed
-    studies ran) enter the run's inputs only when on, so the finished runs
-    keep their ids."""
+    """`compile_decode`, `compile_prefill` and `prefill_graphs` (added after
+    the committed studies ran) enter the run's inputs only when on, so the
+    finished runs keep their ids."""
     import dataclasses
 
     from unikv.sim.study.grid import run_id_of, run_inputs
@@ -164,7 +164,7 @@ def test_compile_options_off_stay_out_of_the_run_id(name):
     hashes = dict(trace_sha256="t", model_sha256="m", gpu_sha256="g")
     off = run_inputs(config, **hashes)
     assert name in config.as_dict() and name not in off
-    assert set(config.as_dict()) - set(off) >= {"compile_decode", "compile_prefill"}
+    assert set(config.as_dict()) - set(off) >= {"compile_decode", "compile_prefill", "prefill_graphs"}
     real = dict(executor="real", kv_cache_dtype="fp32", decode_graphs=True)
     on = run_inputs(dataclasses.replace(config, **{name: True}, **real), **hashes)
     assert run_inputs(dataclasses.replace(config, **real), **hashes).get(name) is None
