@@ -200,11 +200,14 @@ def _replay(graphs, batch_in) -> float:
 
 
 def packed_point(lm, spec, placed, chunk: int, cached: int, decoders: int, context: int, reps: int,
-                 compiled: bool = False) -> list[float]:
+                 compiled: bool = False, graphs: bool = False) -> list[float]:
     """Seconds of each of `reps` packed forwards: a chunk of `chunk` tokens
     over `cached` cached tokens, plus `decoders` requests at `context`
     decoding one token; `compiled`: through the compiled layers
-    (`sim.real.prefill.CompiledPrefill`, --compiled)."""
+    (`sim.real.prefill.CompiledPrefill`, --compiled); `graphs`: as the
+    executor's `--prefill-graphs` runs it, the step copied into its token
+    bucket's buffers and the bucket's graph replayed
+    (`sim.real.packed_graphs.PackedGraphs`, --prefill-graphs)."""
     import numpy as np
     import torch
     from unikv.sim.real.attention import StepContext, use_step
@@ -242,6 +245,11 @@ def packed_point(lm, spec, placed, chunk: int, cached: int, decoders: int, conte
         with torch.inference_mode(), use_step(ctx):
             lm(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=keep)
 
+    from unikv.sim.real.packed_graphs import PACKED_BUCKETS
+
+    if graphs and len(pos) <= max(PACKED_BUCKETS):  # a larger step runs as without, in the executor too
+        return _graph_times(lm, pool, views, rows, ids, ctx, input_ids, position_ids, keep, reps, compiled,
+                            f"packed {chunk} x {cached} + {decoders}")
     if not compiled:
         return timed(forward, reps)
     from unikv.sim.real.prefill import CompiledPrefill
@@ -250,6 +258,41 @@ def packed_point(lm, spec, placed, chunk: int, cached: int, decoders: int, conte
     times = timed(lambda: prefill.forward(ctx, input_ids, position_ids, keep), reps)
     if prefill.stats()["failure"] is not None:
         raise RuntimeError(f"packed {chunk} x {cached} + {decoders}: not compiled ({prefill.stats()['failure']})")
+    return times
+
+
+def _graph_times(lm, pool, views, rows, ids, ctx, input_ids, position_ids, keep, reps: int, compiled: bool,
+                 what: str) -> list[float]:
+    """`packed_point`'s step through `PackedGraphs`: its virtual rows and
+    write ids as the executor's batch carries them (`StepBatch`), one
+    bucket built (captured on CUDA) and replayed `reps` times.
+
+    Raises:
+        RuntimeError: on CUDA, a bucket not captured, or not compiled with
+            `compiled` (it would time another path)."""
+    import numpy as np
+    import torch
+    from unikv.sim.real.batch import StepBatch, device_tables
+    from unikv.sim.real.packed_graphs import PackedGraphs
+    from unikv.sim.real.prefill import CompiledPrefill
+
+    dev = brd.DEVICE
+    pool.commit()  # the device tables the graph reads
+    width = max(len(r) for r in rows)
+    page_rows = torch.zeros((len(rows), width), dtype=torch.int64)
+    for i, r in enumerate(rows):
+        page_rows[i, :len(r)] = torch.as_tensor(np.asarray(r, dtype=np.int64))
+    tables = {b: torch.as_tensor(pool.page_table(b)) for b in views.bands}
+    batch = StepBatch(layout="packed", input_ids=input_ids, position_ids=position_ids, cu_q=ctx.cu_q,
+                      seq_lens=ctx.seq_lens, sample_rows=keep, samplers=(), requests=(None,) * len(rows),
+                      **device_tables(page_rows.to(dev), torch.as_tensor(ids, device=dev).long(), tables, PS))
+    max_pages = max(-(-int(lm.config.max_position_embeddings) // PS) + 1, width)  # the executor's
+    packed = PackedGraphs(lm, views, views.bands, device=dev, max_pages=max_pages, max_requests=len(rows),
+                          prefill=CompiledPrefill(lm, views, device=dev) if compiled else None)
+    times = timed(lambda: packed.run(batch), reps)
+    stats = packed.stats()
+    if dev == "cuda" and (not stats["captured"] or (compiled and not stats["compiled"])):
+        raise RuntimeError(f"{what}: not captured{' compiled' if compiled else ''} ({stats})")
     return times
 
 
@@ -332,7 +375,8 @@ def _state_forward(lm, binder, ctx, inputs: dict, slots, fresh: bool, kwarg: str
     (out.logits[0] if ctx.layout == "packed" else out.logits[:, -1]).argmax(-1)
 
 
-def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: bool, compiled: bool = False) -> dict:
+def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: bool, compiled: bool = False,
+            graphs: bool = False) -> dict:
     """Every grid point's median forward seconds (each point's fastest,
     median and slowest rep printed), unmeasurable cells filled."""
     import torch
@@ -352,9 +396,9 @@ def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: boo
                     elif grid == "decode":
                         times = decode_point(lm, spec, placed, r, c, reps, compiled)
                     elif grid == "prefill":
-                        times = packed_point(lm, spec, placed, r, c, 0, 0, reps, compiled)
+                        times = packed_point(lm, spec, placed, r, c, 0, 0, reps, compiled, graphs)
                     else:
-                        times = packed_point(lm, spec, placed, r, 0, c, mixed_context, reps, compiled)
+                        times = packed_point(lm, spec, placed, r, 0, c, mixed_context, reps, compiled, graphs)
                     t = statistics.median(times)
                     print(f"{grid} {r} x {c}: {1e3 * t:.2f} ms (reps {1e3 * min(times):.2f} .. {1e3 * max(times):.2f}; "
                           f"{time.perf_counter() - t0:.1f} s)", flush=True)
@@ -385,7 +429,7 @@ def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: boo
     return out
 
 
-def non_forward(config_json: Path, dtype: str, state: bool, compiled: bool = False) -> dict:
+def non_forward(config_json: Path, dtype: str, state: bool, compiled: bool = False, graphs: bool = False) -> dict:
     """The real executor's step time outside its forward, measured on the
     CALIBRATION slice (decode through CUDA graphs, the measured clock): the
     median over all steps, and over decode-only and prefill steps apart
@@ -398,7 +442,7 @@ def non_forward(config_json: Path, dtype: str, state: bool, compiled: bool = Fal
     calibration = CALIBRATION | (STATE_CALIBRATION if state else {})
     config = RunConfig(model=str(config_json), executor="real", device=brd.DEVICE, dtype=dtype,
                        decode_graphs=brd.DEVICE == "cuda", compile_decode=compiled and brd.DEVICE == "cuda",
-                       compile_prefill=compiled, real_clock="measured", trace_end_s=None,
+                       compile_prefill=compiled, prefill_graphs=graphs, real_clock="measured", trace_end_s=None,
                        layout="end_end", compaction="lazy", oversize="reject", kv_cache_dtype=dtype, gpu="h200",
                        seed=0, scheduler=SchedulerConfig(prefix_cache=not state), **calibration)
     s = run(config).summary
@@ -471,6 +515,10 @@ def main(argv=None) -> int:
     ap.add_argument("--revision", default="unknown", help="the git revision measured (the GPU machine has no git)")
     ap.add_argument("--calibrate-only", action="store_true",
                     help="measure only non_forward_s and write it into the existing --out and --heldout files")
+    ap.add_argument("--prefill-graphs", action="store_true",
+                    help="prefill / mixed steps through the token-count buckets' CUDA graphs (the executor's "
+                         "prefill_graphs; with --compiled, of the compiled layers); steps no bucket takes are "
+                         "measured as without")
     ap.add_argument("--compiled", action="store_true",
                     help="decode graphs and prefill / mixed steps with compiled decoder layers (the executor's "
                          "compile_decode and compile_prefill)")
@@ -508,11 +556,15 @@ def main(argv=None) -> int:
     real_model.build_model = lambda *_a, **_k: lm  # the calibration replay runs on these weights too
     placed = layers.model_layers(lm.config, real_model.torch_dtype(dtype))
     state = bool(placed.recurrent)
+    if state and args.prefill_graphs:
+        print(f"error: --prefill-graphs: {args.model} keeps recurrent state, whose forwards the real executor runs "
+              "eagerly (the state gather / scatter is not captured)", file=sys.stderr)
+        return 2
     if state and args.compiled:
         print(f"error: --compiled: {args.model} keeps recurrent state, whose forwards the real executor runs "
               "eagerly (the state gather / scatter is not captured or compiled)", file=sys.stderr)
         return 2
-    calibrated = non_forward(config_json, dtype, state, args.compiled)
+    calibrated = non_forward(config_json, dtype, state, args.compiled, args.prefill_graphs)
     print(f"calibrated ({time.perf_counter() - started:.0f} s since the start)", flush=True)
     command = "python benchmarks/profile_model.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.calibrate_only:
@@ -528,8 +580,11 @@ def main(argv=None) -> int:
     fit, held = (STATE_FIT, STATE_HELDOUT) if state else (FIT, HELDOUT)
     for path, grids in ((args.out, fit), (args.heldout, held)):
         data = measure(lm, spec, placed, grids, args.reps, args.mixed_context, heldout=grids is held,
-                       compiled=args.compiled)
-        prov = provenance(command, args.revision, STATE_METHOD if state else COMPILED_METHOD if args.compiled else METHOD)
+                       compiled=args.compiled, graphs=args.prefill_graphs)
+        method = STATE_METHOD if state else COMPILED_METHOD if args.compiled else METHOD
+        if args.prefill_graphs:
+            method += "; prefill / mixed steps of up to 2,048 tokens through CUDA graphs per token bucket"
+        prov = provenance(command, args.revision, method)
         prov["non_forward_method"] = calibrated["non_forward_method"]
         profile = {"format": "unikv-step-profile", "version": 1, "model": args.model, "gpu": args.gpu,
                    "provenance": prov, "non_forward_s": calibrated["non_forward_s"], "moe_touch": [], **data}

@@ -49,10 +49,12 @@ def cells(models, traces, layouts):
     return [(m, t, lay) for m in models for t in traces for lay in layouts]
 
 
-def config(model: str, trace: str, layout: str, executor: str, compiled: bool = False):
+def config(model: str, trace: str, layout: str, executor: str, compiled: bool = False, graphs: bool = False):
     """The run of one cell: the real executor on the GPU (bf16, CUDA-graph
     decode, the measured clock; `compiled`: decode and prefill / mixed
-    steps with compiled layers, --compiled) or the cost model on the CPU."""
+    steps with compiled layers, --compiled; `graphs`: prefill / mixed steps
+    through the token buckets' CUDA graphs, --prefill-graphs) or the cost
+    model on the CPU."""
     from unikv.sim.config import RunConfig
 
     common = dict(TRACES[trace], trace_end_s=None, layout=layout, compaction="lazy", oversize="reject",
@@ -60,7 +62,7 @@ def config(model: str, trace: str, layout: str, executor: str, compiled: bool = 
     if executor == "real":
         return RunConfig(model=str(MODELS[model]), executor="real", device="cuda", dtype="bf16",
                          decode_graphs=True, compile_decode=compiled, compile_prefill=compiled,
-                         real_clock="measured", **common)
+                         prefill_graphs=graphs, real_clock="measured", **common)
     return RunConfig(model=model, **common)
 
 
@@ -81,7 +83,7 @@ def memoize_builds() -> None:
     real_model.build_model = cached
 
 
-def run_real(out: Path, selected, compiled: bool = False) -> int:
+def run_real(out: Path, selected, compiled: bool = False, graphs: bool = False) -> int:
     import gc
 
     import torch
@@ -94,14 +96,16 @@ def run_real(out: Path, selected, compiled: bool = False) -> int:
             print(f"{dest.name}: done before, kept", flush=True)
             continue
         t0 = time.perf_counter()
-        result = run(config(model, trace, layout, "real", compiled))
+        result = run(config(model, trace, layout, "real", compiled, graphs))
         write_run(result, dest, fmt="csv")
         s = result.summary
         print(f"{dest.name}: {s['steps']} steps, {s.get('graph_steps')} through graphs, {s['finished']} finished, "
               f"TTFT p50 {s['ttft_p50_s']:.3f} s, TPOT {s['tpot_mean_s'] * 1e3:.1f} ms, "
               f"wall {time.perf_counter() - t0:.1f} s"
               + (f", packed steps compiled {s['prefill_compiled_steps']} / eager {s['prefill_eager_steps']}"
-                 if compiled else ""), flush=True)
+                 if compiled else "")
+              + (f", packed steps captured {s['packed_graph_steps_captured']} / not {s['packed_graph_steps_uncaptured']}"
+                 if graphs else ""), flush=True)
         del result
         gc.collect()
         torch.cuda.empty_cache()
@@ -255,10 +259,12 @@ def main(argv=None) -> int:
     ap.add_argument("--compiled", action="store_true",
                     help="real: decode and prefill / mixed steps with compiled decoder layers (compile_decode, "
                          "compile_prefill)")
+    ap.add_argument("--prefill-graphs", action="store_true",
+                    help="real: prefill / mixed steps through the token buckets' CUDA graphs (prefill_graphs)")
     args = ap.parse_args(argv)
     selected = cells(args.models, args.traces, args.layouts)
     args.out.mkdir(parents=True, exist_ok=True)
-    return run_real(args.out, selected, args.compiled) if args.mode == "real" else run_compare(args.out, selected)
+    return run_real(args.out, selected, args.compiled, args.prefill_graphs) if args.mode == "real" else run_compare(args.out, selected)
 
 
 if __name__ == "__main__":
