@@ -205,6 +205,26 @@ def demand_fits(chain: Sequence[Extent], demand: Mapping[int, int], total_bytes:
     return True
 
 
+def joint_fits(chain: Sequence[Extent], order: Sequence[int], n: int, total_bytes: int) -> bool:
+    """Whether `n` pages fit on every band of `order` at once: `take_all`'s
+    answer, read off a closed form of `joint_pages` where the chain has
+    one (feasibility is monotone in `n`). `order` non-empty."""
+    closed = _closed_joint_pages(chain, order)
+    if closed is not None:
+        return n <= closed
+    return take_all(chain, order, n, total_bytes) is not None
+
+
+def _closed_joint_pages(chain: Sequence[Extent], order: Sequence[int]) -> int | None:
+    """`joint_pages` in closed form, or None for a chain that has none."""
+    closed = facing_pair_pages(chain, order)
+    if closed is None:
+        closed = float_pair_pages(chain, order)
+    if closed is None:
+        closed = budget_pages(chain, order)
+    return closed
+
+
 def joint_pages(
     chain: Sequence[Extent], order: Sequence[int], total_bytes: int, hint: int = 0
 ) -> int:
@@ -219,11 +239,7 @@ def joint_pages(
     """
     if not order:
         return 0
-    closed = facing_pair_pages(chain, order)
-    if closed is None:
-        closed = float_pair_pages(chain, order)
-    if closed is None:
-        closed = budget_pages(chain, order)
+    closed = _closed_joint_pages(chain, order)
     if closed is not None:
         return closed
     hi = min(chain[i].holes + extension_room(chain, i, total_bytes) for i in order)

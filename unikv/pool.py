@@ -575,9 +575,9 @@ class UnifiedPool:
         if f is None:
             return moves
         flt = chain.bands[f]
-        plan = flt.plan_absorb()
-        if plan is not None and order and not absorb_keeps_room(
-                chain.extents(), f, plan, order, chain.joint_pages(order), chain.total_bytes):
+        span = flt.absorb_span()
+        if span is not None and order and not absorb_keeps_room(
+                chain.extents(), f, span, order, chain.joint_pages(order), chain.total_bytes):
             return moves
         return moves + flt.flush(urgent)
 

@@ -119,7 +119,7 @@ def test_facing_pair_closed_form_equals_the_general_search():
 def test_float_pair_closed_form_equals_the_general_search():
     import random
 
-    from unikv.extent import float_pair_pages
+    from unikv.extent import float_pair_pages, joint_fits, take_all
 
     rng = random.Random(3)
     transparent = 0
@@ -150,6 +150,9 @@ def test_float_pair_closed_form_equals_the_general_search():
         expected = _general_joint_pages(chain, order, total)
         assert float_pair_pages(chain, order) == expected, (chain, expected)
         assert joint_pages(chain, order, total, hint=rng.randrange(0, 50)) == expected
+        for n in (expected, expected + 1, rng.randrange(0, expected + 2)):
+            assert joint_fits(chain, order, n, total) == (take_all(chain, order, n, total) is not None)
+        assert not joint_fits(chain, order, expected + 1, total)
         _assert_column_twins(chain, order, total, expected)
     assert 500 < transparent < 2500  # both branches ran
     # other shapes are not its business: the search answers them
