@@ -30,7 +30,6 @@ from unikv.extent import (
     room_extent,
     room_plan,
     search,
-    take_all,
 )
 from unikv.layout import Side
 
@@ -139,7 +138,7 @@ def ladder_joint_pages(ext: Sequence[Extent], order: Sequence[int], f: int | Non
     holes = sorted(float_holes.tolist())
 
     def fits(n: int) -> bool:
-        return (take_all(ext, order, n, total_bytes) is not None
+        return (joint_fits(ext, order, n, total_bytes)
                 or slide_request(ext, f, holes, {i: n for i in order}, total_bytes) is not None)
 
     free = total_bytes - sink_bytes - sum(e.live * e.page_bytes for e in ext)
