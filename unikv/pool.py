@@ -537,17 +537,34 @@ class UnifiedPool:
         """`set_inflight_forward` for a caller that knows the virtual pages
         its forward writes on the token bands (`pages`: Python ints, one per
         written token or fewer; repeats allowed): no token id to convert.
-        The same hazards follow; ValueError (state unchanged) as there,
-        naming `pages`."""
+        A state band's slots may come as a list of Python ints too (kept
+        as they came). The same hazards follow; ValueError (state
+        unchanged) as there, naming `pages` or the state band."""
         if pages and not (min(pages) >= 0 and max(pages) < self.vids.size):
             check_range(np.asarray(pages, dtype=np.int64), 0, self.vids.size, "set_inflight_pages: pages")
-        self._declare_forward(done_event, {}, len(pages), state_write_ids, (self.token_names, pages))
+        ints: dict[str, list[int]] = {}
+        arrays = {}
+        n_writes = len(pages)
+        for name, ids in (state_write_ids or {}).items():
+            if type(ids) is not list:
+                arrays[name] = ids
+                continue
+            self._state_band(name)
+            size = self.state_ids[name].size
+            if ids and not (min(ids) >= 0 and max(ids) < size):
+                what = f"set_inflight_pages: state ids of {name!r}"
+                check_range(as_ids(ids, what), 0, size, what)
+            ints[name] = ids
+            n_writes += len(ids)
+        self._declare_forward(done_event, {}, n_writes, arrays, (self.token_names, pages), ints)
 
     def _declare_forward(self, done_event, writes: dict[str, np.ndarray], n_writes: int,
-                         state_write_ids, shared: tuple[list[str], list[int]] | None = None) -> None:
+                         state_write_ids, shared: tuple[list[str], list[int]] | None = None,
+                         ints: dict[str, list[int]] | None = None) -> None:
         """Check the state writes and the event, then hand the forward to
         the hazards (`shared`: the token bands and the pages they all
-        write, as Python ints: `Hazards.set_forward`)."""
+        write, as Python ints; `ints`: state slots as Python ints, checked
+        already: `Hazards.set_forward`)."""
         for name, ids in (state_write_ids or {}).items():
             self._state_band(name)
             what = f"set_inflight_forward: state ids of {name!r}"
@@ -558,7 +575,7 @@ class UnifiedPool:
             raise ValueError(f"set_inflight_forward: done_event=None but the forward writes {n_writes} "
                              "ids; pass its done event "
                              "(without one the pool cannot protect the pages it writes)")
-        self.hazards.set_forward(done_event, writes, shared)
+        self.hazards.set_forward(done_event, writes, shared, ints)
 
     # -- maintenance --
 
