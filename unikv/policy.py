@@ -135,7 +135,7 @@ def ladder_joint_pages(ext: Sequence[Extent], order: Sequence[int], f: int | Non
     if f is None or ext[f].transparent or not order:
         return plain
 
-    holes = sorted(float_holes.tolist())
+    holes = np.sort(float_holes).tolist()  # ascending, as `sorted` would list them (a vector sort)
 
     def fits(n: int) -> bool:
         return (joint_fits(ext, order, n, total_bytes)

@@ -21,6 +21,7 @@ from unikv.hazards import Tracked
 from unikv.layout import Side
 
 FIRST_STORE = 1024  # entries of the smallest hole store (`FloatBand._appended`)
+BOUNDARY_WALK = 8  # boundary pages `absorb_span` reads one by one before a vector read
 
 
 class FloatBand(BandAllocator):
@@ -133,18 +134,24 @@ class FloatBand(BandAllocator):
         an applied one needs them). An empty float parks first, as there.
 
         A page of the span is a hole exactly when no virtual page binds it
-        (the span holds live pages and holes only: `violations`), so the
-        two boundary pages are read from p2v, then, when either is a hole,
-        the span's first and last bound pages (one vector read: the runs
-        of holes on a boundary are often long).
+        (the span holds live pages and holes only: `violations`), so each
+        boundary run of holes is read from p2v: page by page, and past
+        `BOUNDARY_WALK` pages in one vector read (the runs are often long).
         """
         if self._park_if_empty() or not self.dirty:
             return None
         p2v, low, high = self.p2v, self.low, self.high
-        if p2v[low] >= 0 and p2v[high - 1] >= 0:
+        lo, hi = low, high
+        while lo < hi and p2v[lo] < 0 and lo - low < BOUNDARY_WALK:
+            lo += 1
+        if lo - low == BOUNDARY_WALK:  # a long run: the first bound page in one vector read
+            lo += int((p2v[lo:high] >= 0).argmax())  # some page is: the float is not parked
+        while p2v[hi - 1] < 0 and high - hi < BOUNDARY_WALK:
+            hi -= 1
+        if high - hi == BOUNDARY_WALK:
+            hi = lo + int(np.flatnonzero(p2v[lo:hi] >= 0)[-1]) + 1
+        if lo == low and hi == high:
             return None
-        bound = p2v[low:high] >= 0  # some page is: the float is not parked
-        lo, hi = low + int(bound.argmax()), high - int(bound[::-1].argmax())
         return lo, hi, len(self.holes) - (lo - low) - (high - hi)
 
     # -- on-demand relocation --
