@@ -507,7 +507,8 @@ class Memory:
         pages are about to be dropped or replaced) and free its reserved
         state slots (it stops running)."""
         self._drop_extra_states(req)
-        self.running_states.pop(req.rid, None)
+        if self.state_band is not None:
+            self.running_states.pop(req.rid, None)
         self.prefill_states.pop(req.rid, None)  # freed with the extra states
         self.state_depths.pop(req.rid, None)
         if req.pages:

@@ -545,7 +545,7 @@ class UnifiedPool:
         ints: dict[str, list[int]] = {}
         arrays = {}
         n_writes = len(pages)
-        for name, ids in (state_write_ids or {}).items():
+        for name, ids in state_write_ids.items() if state_write_ids else ():
             if type(ids) is not list:
                 arrays[name] = ids
                 continue
@@ -565,7 +565,7 @@ class UnifiedPool:
         the hazards (`shared`: the token bands and the pages they all
         write, as Python ints; `ints`: state slots as Python ints, checked
         already: `Hazards.set_forward`)."""
-        for name, ids in (state_write_ids or {}).items():
+        for name, ids in state_write_ids.items() if state_write_ids else ():
             self._state_band(name)
             what = f"set_inflight_forward: state ids of {name!r}"
             writes[name] = as_ids(ids, what)
