@@ -21,7 +21,6 @@ from unikv.hazards import Tracked
 from unikv.layout import Side
 
 FIRST_STORE = 1024  # entries of the smallest hole store (`FloatBand._appended`)
-BOUNDARY_WALK = 8  # boundary pages `absorb_span` reads one by one before a vector read
 
 
 class FloatBand(BandAllocator):
@@ -134,24 +133,21 @@ class FloatBand(BandAllocator):
         an applied one needs them). An empty float parks first, as there.
 
         A page of the span is a hole exactly when no virtual page binds it
-        (the span holds live pages and holes only: `violations`), so each
-        boundary run of holes is read from p2v: page by page, and past
-        `BOUNDARY_WALK` pages in one vector read (the runs are often long).
+        (the span holds live pages and holes only: `violations`), so the
+        two boundary pages are read from p2v, and when either is a hole,
+        the span's first or last bound page from one vector read of the
+        span (the runs of holes are often hundreds of pages long; a span
+        is a few hundred to a few thousand).
         """
         if self._park_if_empty() or not self.dirty:
             return None
         p2v, low, high = self.p2v, self.low, self.high
-        lo, hi = low, high
-        while lo < hi and p2v[lo] < 0 and lo - low < BOUNDARY_WALK:
-            lo += 1
-        if lo - low == BOUNDARY_WALK:  # a long run: the first bound page in one vector read
-            lo += int((p2v[lo:high] >= 0).argmax())  # some page is: the float is not parked
-        while p2v[hi - 1] < 0 and high - hi < BOUNDARY_WALK:
-            hi -= 1
-        if high - hi == BOUNDARY_WALK:
-            hi = lo + int(np.flatnonzero(p2v[lo:hi] >= 0)[-1]) + 1
-        if lo == low and hi == high:
+        low_hole, high_hole = p2v[low] < 0, p2v[high - 1] < 0
+        if not (low_hole or high_hole):
             return None
+        bound = p2v[low:high] >= 0  # some page is: the float is not parked
+        lo = low + int(bound.argmax()) if low_hole else low
+        hi = high - int(bound[::-1].argmax()) if high_hole else high
         return lo, hi, len(self.holes) - (lo - low) - (high - hi)
 
     # -- on-demand relocation --
