@@ -153,6 +153,11 @@ class Memory:
         """An upper bound on `room_tokens` from live counts (no search)."""
         return self.pool.available_size_bound()
 
+    def room_tokens_floor(self) -> int:
+        """A lower bound on `room_tokens` (the pool's flushed view, no
+        float slide search)."""
+        return self.pool.available_size_floor()
+
     def room_tokens(self) -> int:
         """Tokens a coupled alloc can take now, crediting the holes an
         urgent flush would release (the pool's schedulable view)."""

@@ -177,6 +177,17 @@ class UnifiedPool:
                                       chain.total_bytes, chain.sink_bytes, hint)
         return chain.memo.get(key, compute) if memo else compute()
 
+    def available_size_floor(self) -> int:
+        """A lower bound on `available_size(schedulable=True)`: the joint
+        tokens of the urgent flushes' view, without the float slide the
+        ladder may add (equal to it on a chain without a float). It is
+        where the ladder's search starts, and the search only raises it:
+        `ladder_joint_pages` never answers below it. For a caller that only
+        needs to know the room suffices: no slide search."""
+        if not self.token_names:
+            return 0
+        return self.chain.joint_pages(self.token_order, schedulable=True) * self.page_size
+
     def available_size_bound(self) -> int:
         """An upper bound on `available_size(schedulable=True)`, from live
         counts only: the bytes no band holds live (past the sink), in whole
