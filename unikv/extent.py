@@ -216,13 +216,16 @@ def joint_fits(chain: Sequence[Extent], order: Sequence[int], n: int, total_byte
 
 
 def _closed_joint_pages(chain: Sequence[Extent], order: Sequence[int]) -> int | None:
-    """`joint_pages` in closed form, or None for a chain that has none."""
-    closed = facing_pair_pages(chain, order)
-    if closed is None:
-        closed = float_pair_pages(chain, order)
-    if closed is None:
-        closed = budget_pages(chain, order)
-    return closed
+    """`joint_pages` in closed form, or None for a chain that has none: the
+    first band's kind picks the one form that can apply (a facing pair
+    starts with its UP band, a float pair with its DOWN band, a budget
+    with a budget band)."""
+    first = chain[order[0]].kind
+    if first is UP:
+        return facing_pair_pages(chain, order)
+    if first is DOWN:
+        return float_pair_pages(chain, order)
+    return budget_pages(chain, order) if first is BUDGET else None
 
 
 def joint_pages(
