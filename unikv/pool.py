@@ -186,6 +186,8 @@ class UnifiedPool:
         needs to know the room suffices: no slide search."""
         if not self.token_names:
             return 0
+        if self.chain.float_index() is None:  # the two views are one: the memoised ladder view
+            return self.available_size(schedulable=True)
         return self.chain.joint_pages(self.token_order, schedulable=True) * self.page_size
 
     def available_size_bound(self) -> int:
