@@ -74,6 +74,9 @@ class Memory:
         self.pool = pool
         self.state_slots = state_slots_per_request
         self.extra_states: dict[int, list[int]] = {}  # rid -> the reserved slots beside req.state
+        # rid -> req.state of each request holding memory (the running ones),
+        # in the order they took it: the slots a forward writes (`begin_forward`)
+        self.running_states: dict[int, int] = {}
         self.ps = pool.page_size
         self.window = window_tokens
         self.swa = "swa" in pool.bands and window_tokens is not None
@@ -150,6 +153,11 @@ class Memory:
         """An upper bound on `room_tokens` from live counts (no search)."""
         return self.pool.available_size_bound()
 
+    def room_tokens_floor(self) -> int:
+        """A lower bound on `room_tokens` (the pool's flushed view, no
+        float slide search)."""
+        return self.pool.available_size_floor()
+
     def room_tokens(self) -> int:
         """Tokens a coupled alloc can take now, crediting the holes an
         urgent flush would release (the pool's schedulable view)."""
@@ -166,8 +174,9 @@ class Memory:
         may be None)."""
         states = {}
         if self.state_band is not None:
-            # an int64 array: the pool's id check takes it as it is
-            states[self.state_band] = int64_ids([r.state for r in running])
+            # Python ints, as the pool's page-level call takes them; kept as
+            # requests take and give back their state (`running_states`)
+            states[self.state_band] = list(self.running_states.values())
         if write_pages is not None:
             self.pool.set_inflight_pages(event, write_pages, states)
         else:
@@ -276,6 +285,7 @@ class Memory:
             return False
         ids = [int(s) for s in slots]
         req.state = ids[0]
+        self.running_states[req.rid] = ids[0]
         if len(ids) > 1:
             self.extra_states[req.rid] = ids[1:]
         return True
@@ -502,6 +512,8 @@ class Memory:
         pages are about to be dropped or replaced) and free its reserved
         state slots (it stops running)."""
         self._drop_extra_states(req)
+        if self.state_band is not None:
+            self.running_states.pop(req.rid, None)
         self.prefill_states.pop(req.rid, None)  # freed with the extra states
         self.state_depths.pop(req.rid, None)
         if req.pages:

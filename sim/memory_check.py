@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 def check_holdings(mem: Memory, running: list[Request]) -> list[str]:
     """The pages `running` and the cache hold equal the pool's live pages;
-    the state slots likewise; the held totals and the window ratchet are up
+    the state slots likewise (and the running ones kept for the forward are
+    the running requests' own); the held totals and the window ratchet are up
     to date; each cache node's bytes are what the pool binds for it."""
     out = []
     held = [p for r in running for p in r.pages[r.shared_pages:]] + mem.meta_pages
@@ -51,6 +52,10 @@ def check_holdings(mem: Memory, running: list[Request]) -> list[str]:
         if live != set(held):
             out.append(f"held pages {len(set(held))} != pool live pages {len(live)}")
     if mem.state_band is not None:
+        kept = {r.rid: r.state for r in running if r.state is not None}
+        if mem.running_states != kept:
+            out.append(f"running state slots kept {sorted(mem.running_states.items())[:8]} != the running "
+                       f"requests' {sorted(kept.items())[:8]}")
         live = set(pool.live_ids(mem.state_band).tolist())
         if live != set(states) or len(states) != len(set(states)):
             out.append(f"held state slots {len(states)} != pool live slots {len(live)}")

@@ -257,6 +257,9 @@ class Scheduler:
         # The live-count bound settles most refusals without the capacity search.
         if self.mem.room_tokens_bound() + other < need:
             return False
+        # ... and the flushed view most admissions, without the float's slide search.
+        if self.mem.room_tokens_floor() + other >= need:
+            return True
         return self.mem.room_tokens() + other >= need
 
     # -- the running set --

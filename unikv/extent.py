@@ -205,6 +205,29 @@ def demand_fits(chain: Sequence[Extent], demand: Mapping[int, int], total_bytes:
     return True
 
 
+def joint_fits(chain: Sequence[Extent], order: Sequence[int], n: int, total_bytes: int) -> bool:
+    """Whether `n` pages fit on every band of `order` at once: `take_all`'s
+    answer, read off a closed form of `joint_pages` where the chain has
+    one (feasibility is monotone in `n`). `order` non-empty."""
+    closed = _closed_joint_pages(chain, order)
+    if closed is not None:
+        return n <= closed
+    return take_all(chain, order, n, total_bytes) is not None
+
+
+def _closed_joint_pages(chain: Sequence[Extent], order: Sequence[int]) -> int | None:
+    """`joint_pages` in closed form, or None for a chain that has none: the
+    first band's kind picks the one form that can apply (a facing pair
+    starts with its UP band, a float pair with its DOWN band, a budget
+    with a budget band)."""
+    first = chain[order[0]].kind
+    if first is UP:
+        return facing_pair_pages(chain, order)
+    if first is DOWN:
+        return float_pair_pages(chain, order)
+    return budget_pages(chain, order) if first is BUDGET else None
+
+
 def joint_pages(
     chain: Sequence[Extent], order: Sequence[int], total_bytes: int, hint: int = 0
 ) -> int:
@@ -219,9 +242,7 @@ def joint_pages(
     """
     if not order:
         return 0
-    closed = facing_pair_pages(chain, order)
-    if closed is None:
-        closed = budget_pages(chain, order)
+    closed = _closed_joint_pages(chain, order)
     if closed is not None:
         return closed
     hi = min(chain[i].holes + extension_room(chain, i, total_bytes) for i in order)
@@ -257,6 +278,45 @@ def facing_pair_pages(chain: Sequence[Extent], order: Sequence[int]) -> int | No
     hi = min(u.holes + room_u, d.holes + room_d)
     meet = ((d.low + d.holes) * pd - (u.high - u.holes) * pu) // (pu + pd)
     return min(hi, max(u.holes, d.holes, meet))
+
+
+def float_pair_pages(chain: Sequence[Extent], order: Sequence[int]) -> int | None:
+    """`joint_pages` of a DOWN band taken first and the FLOAT band right
+    below it (the end/float/end chain's token bands), in closed form; None
+    for any other `order`, or a float lying below its own floor.
+
+    The DOWN band takes its holes, then extends toward the float's high
+    frontier (the float's floor when it is transparent): `n <= n_down`.
+    The float takes its holes, then needs `n - holes` pages of one gap:
+    the low gap (fixed: the DOWN band moves only the high one), or the
+    high gap up to the DOWN band's new low frontier, which falls by
+    `max(0, n - down.holes)`. That last test, `(n - holes + top) * pf <=
+    (down.low - max(0, n - down.holes)) * pd` (`top`: the float's high
+    page, or its floor page when transparent), only gets harder as `n`
+    grows, so each test holds on a prefix of `n` and the answer is the
+    largest `n` the DOWN band's test and either float test admit.
+    """
+    if len(order) != 2:
+        return None
+    j, i = order
+    d, f = chain[j], chain[i]
+    if d.kind is not DOWN or f.kind is not FLOAT or j != i + 1:
+        return None
+    pf, pd = f.page_bytes, d.page_bytes
+    below = bound_below(chain, i)
+    lo = max(f.min_page, -(-below // pf))  # the float's floor page
+    if f.live:
+        if f.high < lo:
+            return None
+        floor_d, top, side = max(d.min_page, -(-f.high * pf // pd)), f.high, max(0, f.low - lo)
+    else:  # transparent: the DOWN band sees through to the float's floor
+        floor_d, top, side = max(d.min_page, -(-below // pd)), lo, 0
+    n_down = d.holes + max(0, d.low - floor_d)
+    within = f.holes - top + d.low * pd // pf  # the high-gap test while the DOWN band drains holes
+    if d.holes <= within:  # ... holds up to the DOWN band's holes: then both frontiers move
+        within = ((d.low + d.holes) * pd + (f.holes - top) * pf) // (pf + pd)
+    high_gap = min(within, f.num_pages - top + f.holes)
+    return min(n_down, max(f.holes + side, high_gap))
 
 
 def budget_pages(chain: Sequence[Extent], order: Sequence[int]) -> int | None:
@@ -296,6 +356,8 @@ def joint_pages_columns(ext0: Sequence[Extent], cols: Sequence[Columns],
     kinds = [ext0[i].kind for i in order]
     if len(order) == 2 and kinds == [UP, DOWN] and order[1] == order[0] + 1:
         return facing_pair_columns(ext0[order[0]], cols[order[0]], ext0[order[1]], cols[order[1]])
+    if len(order) == 2 and kinds == [DOWN, FLOAT] and order[0] == order[1] + 1:
+        return float_pair_columns(ext0, cols, order[1])
     if all(k is BUDGET for k in kinds):
         return budget_columns(ext0, cols, order)
     if all(k is REGION for k in kinds):
@@ -311,6 +373,34 @@ def facing_pair_columns(u: Extent, su: Columns, d: Extent, sd: Columns) -> np.nd
     hi = np.minimum(su["holes"] + room_u, sd["holes"] + room_d)
     meet = ((sd["low"] + sd["holes"]) * pd - (su["high"] - su["holes"]) * pu) // (pu + pd)
     return np.minimum(hi, np.maximum(np.maximum(su["holes"], sd["holes"]), meet))
+
+
+def float_pair_columns(ext0: Sequence[Extent], cols: Sequence[Columns], i: int) -> np.ndarray | None:
+    """`float_pair_pages` of float `i` and the DOWN band right above it,
+    over columns; None when the band below the float is not an END band
+    (its bound would need the scalar walk) or a sampled float lies below
+    its floor."""
+    f, d, sf, sd = ext0[i], ext0[i + 1], cols[i], cols[i + 1]
+    pf, pd = f.page_bytes, d.page_bytes
+    if i == 0:
+        below: np.ndarray | int = 0
+    elif ext0[i - 1].kind is UP or ext0[i - 1].kind is DOWN:  # never transparent
+        below = cols[i - 1]["high"] * ext0[i - 1].page_bytes
+    else:
+        return None
+    lo = np.maximum(f.min_page, -(-below // pf))
+    live = sf["live"] > 0
+    if bool((live & (sf["high"] < lo)).any()):
+        return None
+    floor_d = np.where(live, np.maximum(d.min_page, -(-sf["high"] * pf // pd)),
+                       np.maximum(d.min_page, -(-below // pd)))
+    top = np.where(live, sf["high"], lo)
+    side = np.where(live, np.maximum(0, sf["low"] - lo), 0)
+    n_down = sd["holes"] + np.maximum(0, sd["low"] - floor_d)
+    within = sf["holes"] - top + sd["low"] * pd // pf
+    both = ((sd["low"] + sd["holes"]) * pd + (sf["holes"] - top) * pf) // (pf + pd)
+    high_gap = np.minimum(np.where(sd["holes"] <= within, both, within), f.num_pages - top + sf["holes"])
+    return np.minimum(n_down, np.maximum(sf["holes"] + side, high_gap))
 
 
 def budget_columns(ext0: Sequence[Extent], cols: Sequence[Columns], order: Sequence[int]) -> np.ndarray:

@@ -9,7 +9,7 @@ One done-event covers both hazards: it is recorded after the whole forward.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Generic, overload
 
@@ -76,39 +76,56 @@ class Hazards:
         self.event: Any | None = None
         self._writes: dict[str, np.ndarray] = {}
         self._sets: dict[int, set[int]] = {}  # id(writes array) -> its set, built on first ask
-        # (band names, pages as Python ints, their set or None until asked):
-        # one coupled write given as ints, kept as they came
-        self._shared: list | None = None
+        # band name -> [pages as Python ints, their set or None until asked]:
+        # writes given as ints, kept as they came (the token bands of a
+        # coupled write share one entry, so one set serves them all)
+        self._ints: dict[str, list] = {}
         self.settles = 0
 
     def set_forward(self, event: Any, writes: dict[str, np.ndarray],
-                    shared: tuple[Sequence[str], list[int]] | None = None) -> None:
+                    shared: tuple[Sequence[str], list[int]] | None = None,
+                    ints: Mapping[str, list[int]] | None = None) -> None:
         """Record a launched forward; `writes` maps band name -> virtual
         pages. `shared`: (band names, virtual pages as Python ints) one
-        write every band named makes (a coupled token write); its array is
-        built only when `writes` is read (the movers ask for sets)."""
+        write every band named makes (a coupled token write); `ints`: band
+        name -> pages (or slots) as Python ints, one band each. Their
+        arrays are built only when `writes` is read (the movers ask for
+        sets)."""
         self.event = event
         self._writes = writes
         self._sets = {}
-        self._shared = None if shared is None else [shared[0], shared[1], None]
+        found: dict[str, list] = {}
+        if shared is not None:
+            entry = [shared[1], None]
+            for name in shared[0]:
+                found[name] = entry
+        if ints:
+            for name, pages in ints.items():
+                found[name] = [pages, None]
+        self._ints = found
 
     @property
     def writes(self) -> dict[str, np.ndarray]:
         """Band name -> the virtual pages the forward writes (int64)."""
-        shared = self._shared
-        if shared is not None:
-            arr = np.array(shared[1], dtype=np.int64)
-            self._writes = {**dict.fromkeys(shared[0], arr), **self._writes}
-            if shared[2] is not None:
-                self._sets[id(arr)] = shared[2]
-            self._shared = None
+        if self._ints:
+            arrays: dict[int, np.ndarray] = {}  # id(entry) -> its array: shared entries share one
+            built = {}
+            for name, entry in self._ints.items():
+                arr = arrays.get(id(entry))
+                if arr is None:
+                    arr = arrays[id(entry)] = np.array(entry[0], dtype=np.int64)
+                    if entry[1] is not None:
+                        self._sets[id(arr)] = entry[1]
+                built[name] = arr
+            self._writes = {**built, **self._writes}
+            self._ints = {}
         return self._writes
 
     def clear(self) -> None:
         self.event = None
         self._writes = {}
         self._sets = {}
-        self._shared = None
+        self._ints = {}
 
     def pending_event(self) -> Any | None:
         """The forward's event while it is still running, else None."""
@@ -136,21 +153,21 @@ class Hazards:
     def writes_page(self, name: str, page: int) -> bool:
         """Whether the forward (just seen running) writes virtual page `page`
         of band `name`: `page in writes_of(name)` for one page, without
-        building the set of a coupled write given as ints (a scan of its
-        list is cheaper than the set for a single question)."""
-        shared = self._shared
-        if shared is not None and name in shared[0]:
-            return page in (shared[1] if shared[2] is None else shared[2])
+        building the set of a write given as ints (a scan of its list is
+        cheaper than the set for a single question)."""
+        entry = self._ints.get(name)
+        if entry is not None:
+            return page in (entry[0] if entry[1] is None else entry[1])
         return page in self.writes_of(name)
 
     def writes_of(self, name: str) -> AbstractSet[int]:
         """`written(name)` for a caller that has just seen the forward
         running (`pending_event()` is not None)."""
-        shared = self._shared
-        if shared is not None and name in shared[0]:
-            if shared[2] is None:
-                shared[2] = set(shared[1])
-            return shared[2]
+        entry = self._ints.get(name)
+        if entry is not None:
+            if entry[1] is None:
+                entry[1] = set(entry[0])
+            return entry[1]
         pages = self._writes.get(name)
         if pages is None:
             return _NONE

@@ -25,12 +25,11 @@ from unikv.extent import (
     bound_below,
     demand_fits,
     float_region,
+    joint_fits,
     joint_pages,
-    relocated,
     room_extent,
     room_plan,
     search,
-    take_all,
 )
 from unikv.layout import Side
 
@@ -59,19 +58,21 @@ def flush_targets(ext: Sequence[Extent], demand: Mapping[int, int]) -> list[int]
     return []
 
 
-def absorb_keeps_room(ext: Sequence[Extent], f: int, plan: Relocation | None,
+def absorb_keeps_room(ext: Sequence[Extent], f: int, span: tuple[int, int, int] | None,
                       order: Sequence[int], pages: int, total_bytes: int) -> bool:
-    """Whether float `f` may apply its absorb `plan` in a flush: it keeps
-    the coupled bands `order` able to take `pages` (today's joint pages,
-    so a flush never shrinks `available_size()`), or there is nothing to
-    keep (no plan, no coupled band)."""
-    if plan is None or not order:
+    """Whether float `f` may apply its absorb in a flush, the absorb leaving
+    `span` (low, high, holes: `FloatBand.absorb_span`): it keeps the
+    coupled bands `order` able to take `pages` (today's joint pages, so a
+    flush never shrinks `available_size()`), or there is nothing to keep
+    (no absorb, no coupled band)."""
+    if span is None or not order:
         return True
+    e = ext[f]
     after = list(ext)
-    after[f] = relocated(ext[f], plan)
+    after[f] = Extent(e.kind, e.page_bytes, e.min_page, e.num_pages, span[0], span[1], span[2], e.live, e.cap)
     # Feasibility is monotone in n: the absorbed chain keeps the room iff
-    # today's joint pages still fit on it (one walk, no search).
-    return take_all(after, order, pages, total_bytes) is not None
+    # today's joint pages still fit on it (one walk or a closed form, no search).
+    return joint_fits(after, order, pages, total_bytes)
 
 
 def slide_plan(ext: Sequence[Extent], f: int, float_holes: np.ndarray,
@@ -134,10 +135,10 @@ def ladder_joint_pages(ext: Sequence[Extent], order: Sequence[int], f: int | Non
     if f is None or ext[f].transparent or not order:
         return plain
 
-    holes = sorted(float_holes.tolist())
+    holes = np.sort(float_holes).tolist()  # ascending, as `sorted` would list them (a vector sort)
 
     def fits(n: int) -> bool:
-        return (take_all(ext, order, n, total_bytes) is not None
+        return (joint_fits(ext, order, n, total_bytes)
                 or slide_request(ext, f, holes, {i: n for i in order}, total_bytes) is not None)
 
     free = total_bytes - sink_bytes - sum(e.live * e.page_bytes for e in ext)

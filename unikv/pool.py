@@ -177,6 +177,19 @@ class UnifiedPool:
                                       chain.total_bytes, chain.sink_bytes, hint)
         return chain.memo.get(key, compute) if memo else compute()
 
+    def available_size_floor(self) -> int:
+        """A lower bound on `available_size(schedulable=True)`: the joint
+        tokens of the urgent flushes' view, without the float slide the
+        ladder may add (equal to it on a chain without a float). It is
+        where the ladder's search starts, and the search only raises it:
+        `ladder_joint_pages` never answers below it. For a caller that only
+        needs to know the room suffices: no slide search."""
+        if not self.token_names:
+            return 0
+        if self.chain.float_index() is None:  # the two views are one: the memoised ladder view
+            return self.available_size(schedulable=True)
+        return self.chain.joint_pages(self.token_order, schedulable=True) * self.page_size
+
     def available_size_bound(self) -> int:
         """An upper bound on `available_size(schedulable=True)`, from live
         counts only: the bytes no band holds live (past the sink), in whole
@@ -537,18 +550,35 @@ class UnifiedPool:
         """`set_inflight_forward` for a caller that knows the virtual pages
         its forward writes on the token bands (`pages`: Python ints, one per
         written token or fewer; repeats allowed): no token id to convert.
-        The same hazards follow; ValueError (state unchanged) as there,
-        naming `pages`."""
+        A state band's slots may come as a list of Python ints too (kept
+        as they came). The same hazards follow; ValueError (state
+        unchanged) as there, naming `pages` or the state band."""
         if pages and not (min(pages) >= 0 and max(pages) < self.vids.size):
             check_range(np.asarray(pages, dtype=np.int64), 0, self.vids.size, "set_inflight_pages: pages")
-        self._declare_forward(done_event, {}, len(pages), state_write_ids, (self.token_names, pages))
+        ints: dict[str, list[int]] = {}
+        arrays = {}
+        n_writes = len(pages)
+        for name, ids in state_write_ids.items() if state_write_ids else ():
+            if type(ids) is not list:
+                arrays[name] = ids
+                continue
+            self._state_band(name)
+            size = self.state_ids[name].size
+            if ids and not (min(ids) >= 0 and max(ids) < size):
+                what = f"set_inflight_pages: state ids of {name!r}"
+                check_range(as_ids(ids, what), 0, size, what)
+            ints[name] = ids
+            n_writes += len(ids)
+        self._declare_forward(done_event, {}, n_writes, arrays, (self.token_names, pages), ints)
 
     def _declare_forward(self, done_event, writes: dict[str, np.ndarray], n_writes: int,
-                         state_write_ids, shared: tuple[list[str], list[int]] | None = None) -> None:
+                         state_write_ids, shared: tuple[list[str], list[int]] | None = None,
+                         ints: dict[str, list[int]] | None = None) -> None:
         """Check the state writes and the event, then hand the forward to
         the hazards (`shared`: the token bands and the pages they all
-        write, as Python ints: `Hazards.set_forward`)."""
-        for name, ids in (state_write_ids or {}).items():
+        write, as Python ints; `ints`: state slots as Python ints, checked
+        already: `Hazards.set_forward`)."""
+        for name, ids in state_write_ids.items() if state_write_ids else ():
             self._state_band(name)
             what = f"set_inflight_forward: state ids of {name!r}"
             writes[name] = as_ids(ids, what)
@@ -558,7 +588,7 @@ class UnifiedPool:
             raise ValueError(f"set_inflight_forward: done_event=None but the forward writes {n_writes} "
                              "ids; pass its done event "
                              "(without one the pool cannot protect the pages it writes)")
-        self.hazards.set_forward(done_event, writes, shared)
+        self.hazards.set_forward(done_event, writes, shared, ints)
 
     # -- maintenance --
 
@@ -575,9 +605,9 @@ class UnifiedPool:
         if f is None:
             return moves
         flt = chain.bands[f]
-        plan = flt.plan_absorb()
-        if plan is not None and order and not absorb_keeps_room(
-                chain.extents(), f, plan, order, chain.joint_pages(order), chain.total_bytes):
+        span = flt.absorb_span()
+        if span is not None and order and not absorb_keeps_room(
+                chain.extents(), f, span, order, chain.joint_pages(order), chain.total_bytes):
             return moves
         return moves + flt.flush(urgent)
 

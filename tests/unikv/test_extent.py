@@ -116,6 +116,51 @@ def test_facing_pair_closed_form_equals_the_general_search():
     assert facing_pair_pages([up(3), flt(0, 0), down(40)], [0, 1, 2]) is None
 
 
+def test_float_pair_closed_form_equals_the_general_search():
+    import random
+
+    from unikv.extent import float_pair_pages, joint_fits, take_all
+
+    rng = random.Random(3)
+    transparent = 0
+    for _ in range(3000):
+        total = rng.randrange(2_000, 40_000)
+        pu, pf, pd = rng.choice([100, 300, 64, 96]), rng.choice([16, 50, 64, 48, 7]), rng.choice([100, 700, 48, 9])
+        mu, mf, md = rng.randrange(1, 4), rng.randrange(1, 4), rng.randrange(1, 4)
+        nu, nf, nd = total // pu, total // pf, total // pd
+        chain, below = [], 0
+        if rng.random() < 0.8:  # an UP band below the float (a state band), or none
+            high = rng.randrange(mu, max(mu + 1, nu // 3))
+            chain.append(Extent(Kind.UP, pu, mu, nu, mu, high, 0, high - mu))
+            below = high * pu
+        low = rng.randrange(min(nd, max(md, -(-below // pd))), nd + 1)
+        d_holes = rng.randrange(0, nd - low + 1)
+        d = Extent(Kind.DOWN, pd, md, nd, low, nd, d_holes, nd - low - d_holes)
+        floor, ceiling = max(mf, -(-below // pf)), min(nf, low * pd // pf)
+        if rng.random() < 0.3 or ceiling <= floor:
+            f = Extent(Kind.FLOAT, pf, mf, nf, 0, 0, 0, 0)
+            transparent += 1
+        else:
+            a = rng.randrange(floor, ceiling)
+            b = rng.randrange(a + 1, ceiling + 1)
+            holes = rng.randrange(0, b - a)
+            f = Extent(Kind.FLOAT, pf, mf, nf, a, b, holes, b - a - holes)
+        chain += [f, d]
+        order = [len(chain) - 1, len(chain) - 2]
+        expected = _general_joint_pages(chain, order, total)
+        assert float_pair_pages(chain, order) == expected, (chain, expected)
+        assert joint_pages(chain, order, total, hint=rng.randrange(0, 50)) == expected
+        for n in (expected, expected + 1, rng.randrange(0, expected + 2)):
+            assert joint_fits(chain, order, n, total) == (take_all(chain, order, n, total) is not None)
+        assert not joint_fits(chain, order, expected + 1, total)
+        _assert_column_twins(chain, order, total, expected)
+    assert 500 < transparent < 2500  # both branches ran
+    # other shapes are not its business: the search answers them
+    assert float_pair_pages([up(3), flt(40, 50), down(40)], [1, 2]) is None  # the float first
+    assert float_pair_pages([flt(40, 50), up(3), down(40)], [2, 0]) is None  # not adjacent
+    assert float_pair_pages([up(3), flt(40, 50), down(40)], [2, 1, 0]) is None
+
+
 def test_budget_closed_form_equals_the_general_search():
     import random
 

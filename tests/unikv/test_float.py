@@ -151,3 +151,36 @@ def test_hole_list_is_the_frees_in_order_less_the_takes(p, monkeypatch):
             p.flush()
             model = b.holes.tolist()
     assert max(ends) > 16 and p.verify() == []
+
+
+def test_absorb_span_is_the_span_plan_absorb_leaves(p):
+    """`absorb_span` (read from p2v) gives the span and hole count of the
+    plan `plan_absorb` builds from the sorted hole list, through random
+    frees and takes that leave runs of holes on either boundary, long and
+    short; the pool's flush then applies the plan or refuses it."""
+    b, rng = p.bands["swa"], random.Random(1)
+    live, released, seen = p.v.tolist(), [], {"low": 0, "high": 0, "none": 0}
+    for _ in range(600):
+        live += p.alloc(rng.randint(1, 3)).tolist()
+        edge = sorted(live, key=lambda v: int(b.v2p[v]))  # by physical page, low first
+        pick = edge[:rng.randint(0, 3)] + edge[len(edge) - rng.randint(0, 3):] + rng.sample(live, 1)
+        gone = sorted(set(pick))[: max(0, len(live) - 4)]
+        p.release(torch.tensor(gone), "swa")
+        live = [v for v in live if v not in gone]
+        released += gone
+        plan = b.plan_absorb()
+        got = b.absorb_span()
+        assert got == (None if plan is None else (plan.low, plan.high, len(plan.holes)))
+        if plan is None:
+            seen["none"] += 1
+        else:
+            seen["low"] += plan.low > b.low
+            seen["high"] += plan.high < b.high
+            seen["long"] = seen.get("long", 0) + (max(plan.low - b.low, b.high - plan.high) > 2)
+        if len(released) > 6:
+            p.free(torch.tensor(released))
+            released = []
+        if rng.random() < 0.1:
+            p.flush()
+    assert min(seen["low"], seen["high"], seen["none"]) > 10 and p.verify() == []
+    assert seen["long"] > 10  # runs of three holes or more

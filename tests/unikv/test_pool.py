@@ -363,3 +363,32 @@ def test_numpy_ids_pool_answers_like_the_torch_one(kind):
 def test_ids_option_is_checked():
     with pytest.raises(ValueError, match="ids='list' must be 'torch', 'numpy' or None"):
         UnifiedPool(three_band(), ids="list")
+
+
+@pytest.mark.parametrize("kind", ["unified", "static", "oracle"])
+@pytest.mark.parametrize("chain", ["full|swa", "mamba|swa|full"])
+def test_available_size_floor_bounds_the_schedulable_view(kind, chain):
+    """`available_size_floor()` (the flushed view, no float slide) never
+    exceeds `available_size(schedulable=True)`, equals it on a chain
+    without a float, and falls short of it somewhere on the float chain
+    (the slide's room), through a random op mix."""
+    import random
+
+    from unikv import OraclePool, StaticPartitionPool
+    from unikv.testing import Driver, make_layout
+
+    layout = make_layout(chain, 2, 300)
+    p = {"unified": lambda: UnifiedPool(layout, backend=SimBackend(materialize=True), ids="torch"),
+         "static": lambda: StaticPartitionPool(layout, backend=SimBackend(materialize=True), ids="torch"),
+         "oracle": lambda: OraclePool(layout, ids="torch")}[kind]()
+    driver = Driver(p, random.Random(9), check_overlap=kind != "oracle")
+    below = 0
+    for _ in range(400):
+        driver.step()
+        floor, full = p.available_size_floor(), p.available_size(schedulable=True)
+        assert floor <= full
+        below += floor < full
+        if chain == "full|swa" or kind != "unified":
+            assert floor == full
+    assert below > 0 or chain == "full|swa" or kind != "unified"
+    assert p.verify() == []

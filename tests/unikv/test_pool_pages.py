@@ -119,3 +119,38 @@ def test_set_inflight_pages_declares_the_same_forward_as_its_ids():
     sa, sb = snapshot(a), snapshot(b)
     assert sa.pop("forward")[1] == sb.pop("forward")[1]  # (the events differ: two pools)
     assert same(sa, sb)
+
+
+def test_set_inflight_pages_takes_state_slots_as_ints():
+    """State slots given as Python ints declare the forward an int64 array
+    declares (the mamba band's flush protects the same slots); bad slots
+    are refused naming the band, with the pool unchanged."""
+    from tests.unikv.factories import mamba_full
+
+    pools = []
+    for _ in range(2):
+        p = pool(mamba_full(page_size=4, total=100_000), ids="numpy")
+        slots = p.alloc_state("mamba", 6)
+        p.free_state("mamba", slots[1:3])  # holes below the mamba frontier
+        p.alloc(8)
+        pools.append((p, slots))
+    (a, slots), (b, _) = pools
+    live = [int(s) for s in slots[3:]] + [int(slots[0])]
+    a.set_inflight_pages(SimEvent(), [1, 2], {"mamba": live})
+    b.set_inflight_pages(SimEvent(), [1, 2], {"mamba": np.array(live, dtype=np.int64)})
+    assert a.hazards.writes_of("mamba") == b.hazards.writes_of("mamba") == set(live)
+    assert a.hazards.writes_page("mamba", live[0]) and not a.hazards.writes_page("mamba", live[0] + 100)
+    assert a.flush() == b.flush() == 0  # the frontier slot is written: nothing moves on either
+    assert {k: v.tolist() for k, v in a.hazards.writes.items()} == \
+        {k: v.tolist() for k, v in b.hazards.writes.items()}
+    before = snapshot(a)
+    for states, message in (({"mamba": [10**6]}, "state ids of 'mamba': ids \\[1000000\\] are outside"),
+                            ({"mamba": [-1]}, "state ids of 'mamba': ids \\[-1\\] are outside"),
+                            ({"full": [1]}, "band 'full' is a token band"),
+                            ({"nope": [1]}, "unknown band 'nope'")):
+        with pytest.raises(ValueError, match=message):
+            a.set_inflight_pages(SimEvent(), [1], states)
+        assert same(snapshot(a), before)
+    with pytest.raises(ValueError, match="done_event=None but the forward writes 2 ids"):
+        a.set_inflight_pages(None, [], {"mamba": live[:2]})
+    assert same(snapshot(a), before)

@@ -116,23 +116,39 @@ class FloatBand(BandAllocator):
     def plan_absorb(self) -> Relocation | None:
         """The span an absorb would leave (nothing changes), or None when
         it would free nothing."""
-        if self._park_if_empty() or not self.dirty:
+        if self.absorb_span() is None:
             return None
         h = self.holes
         memo = self._absorb_memo
         if memo is not None and memo[0] is h and memo[1] == (self.low, self.high):
-            return memo[2]  # asked again before anything changed (the policy, then the flush)
-        plan = None
-        # A page of the span is a hole exactly when no virtual page binds it
-        # (the span holds live pages and holes only: `violations`), so the
-        # two boundary pages are read from p2v instead of searching the list.
-        p2v = self.p2v
-        if p2v[self.low] < 0 or p2v[self.high - 1] < 0:  # a boundary hole
-            plan = absorb_plan(self.low, self.high, h)
-            if (plan.low, plan.high) == (self.low, self.high):
-                plan = None
+            return memo[2]  # asked again before anything changed
+        plan = absorb_plan(self.low, self.high, h)
         self._absorb_memo = (h, (self.low, self.high), plan)
         return plan
+
+    def absorb_span(self) -> tuple[int, int, int] | None:
+        """`(low, high, holes)` of the span `plan_absorb` would leave, or
+        None when it would free nothing, without building the plan (its
+        remaining holes, sorted: the policy refuses most absorbs, and only
+        an applied one needs them). An empty float parks first, as there.
+
+        A page of the span is a hole exactly when no virtual page binds it
+        (the span holds live pages and holes only: `violations`), so the
+        two boundary pages are read from p2v, and when either is a hole,
+        the span's first or last bound page from one vector read of the
+        span (the runs of holes are often hundreds of pages long; a span
+        is a few hundred to a few thousand).
+        """
+        if self._park_if_empty() or not self.dirty:
+            return None
+        p2v, low, high = self.p2v, self.low, self.high
+        low_hole, high_hole = p2v[low] < 0, p2v[high - 1] < 0
+        if not (low_hole or high_hole):
+            return None
+        bound = p2v[low:high] >= 0  # some page is: the float is not parked
+        lo = low + int(bound.argmax()) if low_hole else low
+        hi = high - int(bound[::-1].argmax()) if high_hole else high
+        return lo, hi, len(self.holes) - (lo - low) - (high - hi)
 
     # -- on-demand relocation --
 
