@@ -355,7 +355,7 @@ class DecodeGraphs:
             self._compile(st, n)
             return st
         if self.compile:
-            with self._side_stream():
+            with side_stream(self.device):
                 self._compile(st, n)
             if st.compiled and self._capture_compiled(st, n):
                 return st
@@ -381,26 +381,9 @@ class DecodeGraphs:
             return False
         return True
 
-    @contextlib.contextmanager
-    def _side_stream(self) -> Iterator[None]:
-        """Run the block on a side stream that waits for, and is waited on
-        by, the current one (PyTorch's recipe for work before a capture)."""
-        import torch
-
-        main = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            yield
-        main.wait_stream(side)
-
     def _warm_up(self, st: _Bucket) -> None:
         """Two forwards of the bucket's step on a side stream, before its capture."""
-        import torch
-
-        with self._side_stream(), torch.inference_mode():
-            for _ in range(2):
-                self._forward(st)
+        warm_up(self.device, lambda: self._forward(st))
 
     def _capture(self, st: _Bucket) -> None:
         """Capture the bucket's forward (its step) as its graph."""
@@ -423,6 +406,31 @@ class DecodeGraphs:
             out.update(compiled=sorted(n for n, b in self._buckets.items() if b.compiled),
                        compile_s=dict(self.compile_s), compile_failures=dict(self.compile_failures))
         return out
+
+
+@contextlib.contextmanager
+def side_stream(device) -> Iterator[None]:
+    """Run the block on a side stream of `device` that waits for, and is
+    waited on by, its current one (PyTorch's recipe for work before a
+    capture, `torch.cuda.graphs`)."""
+    import torch
+
+    main = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        yield
+    main.wait_stream(side)
+
+
+def warm_up(device, forward: Callable[[], Any]) -> None:
+    """Two calls of `forward` on a side stream of `device`, in inference
+    mode: what a graph's capture asks before it."""
+    import torch
+
+    with side_stream(device), torch.inference_mode():
+        for _ in range(2):
+            forward()
 
 
 def compile_error(exc: BaseException) -> str:

@@ -50,12 +50,11 @@ time, and each pick is copied out of the graph's output before the next.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from unikv.sim.real.graphs import compile_error
+from unikv.sim.real.graphs import compile_error, warm_up
 
 PACKED_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 """Token counts a packed step is padded up to (powers of two and the
@@ -261,26 +260,9 @@ class PackedGraphs:
             self.failures[n] = compile_error(exc)
         return st
 
-    @contextlib.contextmanager
-    def _side_stream(self) -> Iterator[None]:
-        """Run the block on a side stream that waits for, and is waited on
-        by, the current one (PyTorch's recipe for work before a capture)."""
-        import torch
-
-        main = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            yield
-        main.wait_stream(side)
-
     def _warm_up(self, st: _Packed) -> None:
         """Two forwards of the bucket's buffers on a side stream, before its capture."""
-        import torch
-
-        with self._side_stream(), torch.inference_mode():
-            for _ in range(2):
-                self._forward(st)
+        warm_up(self.device, lambda: self._forward(st))
 
     def _capture(self, st: _Packed) -> None:
         """Capture the bucket's forward as its graph, in the shared pool."""

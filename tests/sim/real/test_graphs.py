@@ -276,7 +276,7 @@ def test_a_compiled_forward_that_fails_to_capture_is_recorded_and_the_uncompiled
         captured.append(st.ids.shape[0])
 
     monkeypatch.setattr(graphs_module.DecodeGraphs, "_capture", capture)
-    monkeypatch.setattr(graphs_module.DecodeGraphs, "_side_stream", lambda self: contextlib.nullcontext())
+    monkeypatch.setattr(graphs_module, "side_stream", lambda device: contextlib.nullcontext())
     run = Decoding(model, layers, device, compile=True, compile_backend="aot_eager")
     run.graphs.capture = True
     run.graphs.capture_buckets(2)
