@@ -128,6 +128,19 @@ def reference(model, prompt: np.ndarray, n: int) -> list[int]:
     return tokens
 
 
+def assert_transformers_tokens(res, ex) -> None:
+    """Every request of the replay `res` generated, through the executor
+    `ex`, the tokens transformers' greedy run gives it with its own cache
+    (eager attention)."""
+    model = ex.model
+    model.set_attn_implementation("eager")
+    hashes = trace()["prefix_hashes"]
+    with torch.inference_mode():
+        for rid, prompt, out in zip(res.requests["rid"], res.requests["prompt_tokens"], res.requests["output_tokens"]):
+            req = Request(int(rid), 0.0, int(prompt), int(out), tuple(hashes[int(rid)]))
+            assert ex.generated[int(rid)] == reference(model, ex.tokens.prompt(req), int(out)), f"request {rid}"
+
+
 CASES = [("llama", "lazy", 0.00004), ("llama", "eager", 0.00003), ("gemma3", "eager", 0.00004),
          ("gpt_oss", "lazy", 0.00003)]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -162,13 +175,7 @@ def test_greedy_tokens_through_the_pool_equal_transformers_own_cache(tmp_path, m
     assert res.summary["executor"] == "real" and res.summary["real_forward_tokens"] > 0
     if name == "llama":  # a window model's prefix hits need the window still bound: not asked here
         assert requests["hit_tokens"].sum() > 0, "no prefix-cache hit read another request's KV"
-    model = ex.model
-    model.set_attn_implementation("eager")
-    hashes = trace()["prefix_hashes"]
-    with torch.inference_mode():
-        for rid, prompt, out in zip(requests["rid"], requests["prompt_tokens"], requests["output_tokens"]):
-            req = Request(int(rid), 0.0, int(prompt), int(out), tuple(hashes[int(rid)]))
-            assert ex.generated[int(rid)] == reference(model, ex.tokens.prompt(req), int(out)), f"request {rid}"
+    assert_transformers_tokens(res, ex)
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma3"])
@@ -260,13 +267,7 @@ def test_a_layout_that_folds_the_window_layers_into_the_full_band(tmp_path, monk
     window release): the attention still masks the window, tokens equal."""
     res, ex, _ = replay(tmp_path, monkeypatch, "gemma3", "lazy", 0.00008, layout="sglang")
     assert res.violations == [] and ex.views.band(0) == "full" and ex.bands == ("full",)
-    model = ex.model
-    model.set_attn_implementation("eager")
-    hashes = trace()["prefix_hashes"]
-    with torch.inference_mode():
-        for rid, prompt, out in zip(res.requests["rid"], res.requests["prompt_tokens"], res.requests["output_tokens"]):
-            req = Request(int(rid), 0.0, int(prompt), int(out), tuple(hashes[int(rid)]))
-            assert ex.generated[int(rid)] == reference(model, ex.tokens.prompt(req), int(out)), f"request {rid}"
+    assert_transformers_tokens(res, ex)
 
 
 def test_the_warm_up_touches_only_the_sink_and_builds_every_bucket_first(tmp_path, monkeypatch, one_thread):
@@ -299,12 +300,10 @@ def test_a_compiled_decode_replay_fuses_the_projections_and_keeps_the_cost_repla
     """`--decode-graphs --compile-decode`: every layer's q/k/v and gate/up run
     fused (the summary counts them), the decode buckets compile without a
     failure, and the tables still equal a cost-model replay's."""
-    from unikv.sim.real.graphs import DecodeGraphs
-
     from tests.sim.real.replays import real_and_cost_replays
 
     # inductor's C++ build takes about a minute on 2 CPU cores; dynamo + AOTAutograd trace the same graphs
-    monkeypatch.setitem(DecodeGraphs.__init__.__kwdefaults__, "compile_backend", "aot_eager")
+    monkeypatch.setattr(real_executor, "COMPILE_BACKEND", "aot_eager")
     path = llama_config(tmp_path)
     layers = json.loads(path.read_text())["num_hidden_layers"]
     common = ["replay", "--trace", "azure_conv", "--max-requests", "6", "--max-context-tokens", "200",

@@ -88,23 +88,30 @@ def greedy(model, prompt: list[int], n: int) -> list[int]:
     return tokens
 
 
+def pool_and_views(layers, device: str = "cpu", pages: int = 120):
+    """A fresh two-band pool of `pages` pages of PS tokens (window band up,
+    full band down) on `device` (a CUDA pool there, a materialised sim
+    pool on the CPU) and its KV views."""
+    from unikv import Band, Layout, UnifiedPool
+    from unikv.backends import CudaBackend, SimBackend
+    from unikv.tensors import KVViews
+
+    bands, blocks = layers.band_bytes(), layers.band_blocks()
+    layout = Layout(total_bytes=pages * PS * max(bands.values()), bands=[
+        Band(n, entry_bytes=bands[n], grow=g, page_size=PS, blocks_per_page=blocks[n])
+        for n, g in (("swa", "up"), ("full", "down"))])
+    backend = CudaBackend(device) if device == "cuda" else SimBackend(materialize=True)
+    pool = UnifiedPool(layout, backend=backend, compaction="lazy")
+    return pool, KVViews(pool, layers.kv)
+
+
 class Decoding:
     """The requests in a fresh pool: prefilled eagerly, then decoded by `graphs` per SCHEDULE."""
 
     def __init__(self, model, layers, device: str, pages: int = 300, **graph_options) -> None:
         from unikv.sim.real.graphs import DecodeGraphs
 
-        from unikv import Band, Layout, UnifiedPool
-        from unikv.backends import CudaBackend, SimBackend
-        from unikv.tensors import KVViews
-
-        bands, blocks = layers.band_bytes(), layers.band_blocks()
-        layout = Layout(total_bytes=pages * PS * max(bands.values()), bands=[
-            Band(name, entry_bytes=bands[name], grow=grow, page_size=PS, blocks_per_page=blocks[name])
-            for name, grow in (("swa", "up"), ("full", "down"))])
-        backend = CudaBackend(device) if device == "cuda" else SimBackend(materialize=True)
-        self.pool = UnifiedPool(layout, backend=backend, compaction="lazy")
-        self.views = KVViews(self.pool, layers.kv)
+        self.pool, self.views = pool_and_views(layers, device, pages)
         self.model, self.device = model, device
         # on CUDA the buckets are captured as graphs (after the compiling forward)
         self.graphs = DecodeGraphs(model, self.views, self.views.bands, device=device, max_pages=8, **graph_options)

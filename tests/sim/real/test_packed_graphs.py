@@ -21,10 +21,10 @@ from unikv.sim.real import executor as real_executor  # noqa: E402
 from unikv.sim.real.batch import StepBatch, device_tables  # noqa: E402
 from unikv.sim.real.packed_graphs import PackedGraphs  # noqa: E402
 from unikv.sim.real.prefill import CompiledPrefill  # noqa: E402
-from unikv.sim.request import Request  # noqa: E402
 from unikv.sim.run import run  # noqa: E402
 
-from tests.sim.real.test_executor import lockstep_build, reference, trace, trimmed  # noqa: E402
+from tests.sim.real.test_executor import assert_transformers_tokens, lockstep_build, trace, trimmed  # noqa: E402
+from tests.sim.real.test_graphs import pool_and_views  # noqa: E402
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 GPU = [CUDA, pytest.mark.gpu]
@@ -55,17 +55,6 @@ def packed_replay(tmp_path, monkeypatch, name: str, budget_gib: float, *, device
                        scheduler=SchedulerConfig(max_running=16, prefill_tokens_per_step=48, reserve_init=0.0,
                                                  reserve_min=0.0, reserve_decay=0.0))
     return run(config, trace_df=trace()), built["ex"]
-
-
-def assert_transformers_tokens(res, ex) -> None:
-    """Every request's tokens equal transformers' greedy run with its own cache."""
-    model = ex.model
-    model.set_attn_implementation("eager")
-    hashes = trace()["prefix_hashes"]
-    with torch.inference_mode():
-        for rid, prompt, out in zip(res.requests["rid"], res.requests["prompt_tokens"], res.requests["output_tokens"]):
-            req = Request(int(rid), 0.0, int(prompt), int(out), tuple(hashes[int(rid)]))
-            assert ex.generated[int(rid)] == reference(model, ex.tokens.prompt(req), int(out)), f"request {rid}"
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=GPU)])
@@ -217,39 +206,6 @@ def test_a_cli_replay_with_packed_graphs_writes_the_cost_replays_tables(tmp_path
 
 
 # -- single packed steps: padded against unpadded --
-
-PS = 4
-
-
-@pytest.fixture(scope="module")
-def gemma():
-    """The 3-layer Gemma-3 of the decode-graph tests with its layer placement."""
-    from unikv.sim.real.attention import register
-    from unikv.sim.real.layers import model_layers
-
-    from tests.sim.real.test_graphs import gemma3
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model = gemma3()
-    model.set_attn_implementation(register(mask=False))
-    yield model, model_layers(model.config, torch.float32)
-    torch.set_num_threads(before)
-
-
-def pool_and_views(layers, device: str = "cpu", pages: int = 120):
-    """A fresh two-band pool (window band up, full band down) on `device` and its KV views."""
-    from unikv import Band, Layout, UnifiedPool
-    from unikv.backends import CudaBackend, SimBackend
-    from unikv.tensors import KVViews
-
-    bands, blocks = layers.band_bytes(), layers.band_blocks()
-    layout = Layout(total_bytes=pages * PS * max(bands.values()), bands=[
-        Band(n, entry_bytes=bands[n], grow=g, page_size=PS, blocks_per_page=blocks[n])
-        for n, g in (("swa", "up"), ("full", "down"))])
-    backend = CudaBackend(device) if device == "cuda" else SimBackend(materialize=True)
-    pool = UnifiedPool(layout, backend=backend, compaction="lazy")
-    return pool, KVViews(pool, layers.kv)
 
 
 def packed_step(pool, views, spans, seed: int, device: str = "cpu") -> StepBatch:

@@ -18,10 +18,10 @@ pytest.importorskip("transformers")
 from unikv.sim.config import RunConfig, SchedulerConfig  # noqa: E402
 from unikv.sim.real import executor as real_executor  # noqa: E402
 from unikv.sim.real.prefill import CompiledPrefill, sink_step  # noqa: E402
-from unikv.sim.request import Request  # noqa: E402
 from unikv.sim.run import run  # noqa: E402
 
-from tests.sim.real.test_executor import lockstep_build, reference, trace, trimmed  # noqa: E402
+from tests.sim.real.test_executor import assert_transformers_tokens, lockstep_build, trace, trimmed  # noqa: E402
+from tests.sim.real.test_graphs import PS, pool_and_views  # noqa: E402
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 DEVICES = [pytest.param("cpu", "aot_eager", id="cpu-aot_eager"),
@@ -77,47 +77,10 @@ def test_a_replay_with_compiled_packed_steps_gives_transformers_greedy_tokens(tm
     if name == "llama":
         assert res.requests["hit_tokens"].sum() > 0, "no prefix-cache hit read another request's KV"
     assert res.violations == []
-    model = ex.model
-    model.set_attn_implementation("eager")
-    hashes = trace()["prefix_hashes"]
-    with torch.inference_mode():
-        for rid, prompt, out in zip(res.requests["rid"], res.requests["prompt_tokens"], res.requests["output_tokens"]):
-            req = Request(int(rid), 0.0, int(prompt), int(out), tuple(hashes[int(rid)]))
-            assert ex.generated[int(rid)] == reference(model, ex.tokens.prompt(req), int(out)), f"request {rid}"
+    assert_transformers_tokens(res, ex)
 
 
 # -- CompiledPrefill on single packed steps --
-
-PS = 4
-
-
-@pytest.fixture(scope="module")
-def gemma():
-    """The 3-layer Gemma-3 of the decode-graph tests (window, full, window) with its layer placement."""
-    from unikv.sim.real.attention import register
-    from unikv.sim.real.layers import model_layers
-
-    from tests.sim.real.test_graphs import gemma3
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model = gemma3()
-    model.set_attn_implementation(register(mask=False))
-    yield model, model_layers(model.config, torch.float32)
-    torch.set_num_threads(before)
-
-
-def fresh_views(layers, pages: int = 200):
-    from unikv import Band, Layout, UnifiedPool
-    from unikv.backends import SimBackend
-    from unikv.tensors import KVViews
-
-    bands, blocks = layers.band_bytes(), layers.band_blocks()
-    layout = Layout(total_bytes=pages * PS * max(bands.values()), bands=[
-        Band(n, entry_bytes=bands[n], grow=g, page_size=PS, blocks_per_page=blocks[n])
-        for n, g in (("swa", "up"), ("full", "down"))])
-    pool = UnifiedPool(layout, backend=SimBackend(materialize=True), compaction="lazy")
-    return pool, KVViews(pool, layers.kv)
 
 
 def chunk_step(pool, views, tokens: int, seed: int):
@@ -140,7 +103,7 @@ def test_one_compiled_graph_per_layer_kind_serves_every_chunk_size(gemma):
     over an identical pool, and the KV both wrote."""
     model, layers = gemma
     torch._dynamo.reset()  # the graphs counted are this test's, whatever ran before
-    (pool_a, views_a), (pool_b, views_b) = fresh_views(layers), fresh_views(layers)
+    (pool_a, views_a), (pool_b, views_b) = pool_and_views(layers, pages=200), pool_and_views(layers, pages=200)
     eager = CompiledPrefill(model, views_a, device="cpu", backend="aot_eager")
     eager.failure = "the eager reference"  # a recorded failure: every step eagerly
     compiled = CompiledPrefill(model, views_b, device="cpu", backend="aot_eager")
@@ -159,7 +122,7 @@ def test_one_compiled_graph_per_layer_kind_serves_every_chunk_size(gemma):
     for layer in model.model.layers:  # the model as it was: no compiled forward, no reference to the pool
         assert "forward" not in vars(layer) and not hasattr(layer.self_attn, "unikv_cache")
     # another CompiledPrefill over a pool of another size (a profile's next point) reuses the graphs
-    pool_c, views_c = fresh_views(layers, pages=150)
+    pool_c, views_c = pool_and_views(layers, pages=150)
     again = CompiledPrefill(model, views_c, device="cpu", backend="aot_eager")
     again.forward(*chunk_step(pool_c, views_c, 11, 0))
     assert again.stats()["graphs"] == 0 and again.stats()["compiled_steps"] == 1
@@ -169,7 +132,7 @@ def test_a_compile_that_fails_is_recorded_and_the_steps_run_eagerly(gemma):
     """A backend that raises: the step that met it, and every later one, runs
     eagerly with the eager logits; the stats say why."""
     model, layers = gemma
-    (pool_a, views_a), (pool_b, views_b) = fresh_views(layers), fresh_views(layers)
+    (pool_a, views_a), (pool_b, views_b) = pool_and_views(layers, pages=200), pool_and_views(layers, pages=200)
 
     def broken(gm, example_inputs):
         raise RuntimeError("this backend cannot compile")
@@ -189,7 +152,7 @@ def test_a_compile_that_fails_is_recorded_and_the_steps_run_eagerly(gemma):
 def test_the_warm_up_compiles_the_usual_shapes_and_writes_only_the_sink(gemma):
     model, layers = gemma
     torch._dynamo.reset()  # the graphs counted are this test's, whatever ran before
-    pool, views = fresh_views(layers)
+    pool, views = pool_and_views(layers, pages=200)
     before = pool.buffer.copy()
     compiled = CompiledPrefill(model, views, device="cpu", backend="aot_eager")
     compiled.warm_up(PS, views.bands)
