@@ -102,6 +102,10 @@ def pool_and_views(layers, device: str = "cpu", pages: int = 120):
         for n, g in (("swa", "up"), ("full", "down"))])
     backend = CudaBackend(device) if device == "cuda" else SimBackend(materialize=True)
     pool = UnifiedPool(layout, backend=backend, compaction="lazy")
+    if device == "cuda":
+        # a CUDA buffer starts as torch.empty's bytes (NaN among them), the sim buffer as zeros: tests that
+        # compare two pools' bytes need both to start known
+        pool.buffer.zero_()
     return pool, KVViews(pool, layers.kv)
 
 
