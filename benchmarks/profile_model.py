@@ -590,6 +590,10 @@ def main(argv=None) -> int:
                    "provenance": prov, "non_forward_s": calibrated["non_forward_s"], "moe_touch": [], **data}
         if state:  # each chunk its own forward (sim.profile.STEP_FORWARDS)
             profile["step_forwards"] = "per_chunk"
+        if args.prefill_graphs:  # the buckets the packed points were padded to (sim.profile: StepProfile.padded)
+            from unikv.sim.real.packed_graphs import PACKED_BUCKETS
+
+            profile["packed_buckets"] = list(PACKED_BUCKETS)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(profile, indent=1) + "\n")
         print(f"wrote {path} ({time.perf_counter() - started:.0f} s since the start)", flush=True)

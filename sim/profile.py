@@ -14,7 +14,11 @@ model with recurrent state, one forward per prefill chunk and one for the
 decoders, as the real executor runs it (`STEP_FORWARDS`).
 
 Interpolation is bilinear in log space (log1p of each axis, log of the
-time), so a power law between grid points is exact. A query outside a grid
+time), so a power law between grid points is exact; along the prefill
+grid's cached tokens it is linear in tokens and in time (a chunk's
+attention over cached keys is affine in their count, and that axis starts
+at 0, where log1p would give a 1,024-token context 91 % of the weight of
+the 2,048-token column). A query outside a grid
 is extrapolated along the edge cell's log-log slope and flagged: the step
 cost counts such steps (`extrapolated_steps`, in the run's summary), it
 never clamps silently and never refuses mid-replay.
@@ -58,12 +62,16 @@ class Grid:
             KV) but extrapolated from measured neighbours when the profile
             was written (`benchmarks/profile_model.py`); () when every cell
             was measured.
+        linear_cols: between two columns, interpolate linearly in the
+            column and the time (the rows stay log-log); beyond the column
+            axis, extrapolate log-log as every axis does.
     """
 
     rows: tuple[float, ...]
     cols: tuple[float, ...]
     forward_s: tuple[tuple[float, ...], ...]
     filled: frozenset[tuple[int, int]] = frozenset()
+    linear_cols: bool = False
     _log_t: tuple[tuple[float, ...], ...] = field(init=False, repr=False, compare=False)
     _log_rows: tuple[float, ...] = field(init=False, repr=False, compare=False)
     _log_cols: tuple[float, ...] = field(init=False, repr=False, compare=False)
@@ -84,15 +92,23 @@ class Grid:
         i, u, out_r = row_cell
         j, v, out_c = _cell(self.cols, self._log_cols, col)
         t, t_next = self._log_t[i], self._log_t[i + 1]
-        # the corners' weights: (1 - u)(1 - v), u(1 - v), (1 - u)v, uv
-        w00, w10, w01, w11 = (1 - u) * (1 - v), u * (1 - v), (1 - u) * v, u * v
-        log_t = w00 * t[j] + w10 * t_next[j] + w01 * t[j + 1] + w11 * t_next[j + 1]
+        if self.linear_cols and not out_c:
+            # log-log along the rows at the two columns, then linear between them
+            v = (col - self.cols[j]) / (self.cols[j + 1] - self.cols[j])
+            at_j = math.exp((1 - u) * t[j] + u * t_next[j])
+            at_next = math.exp((1 - u) * t[j + 1] + u * t_next[j + 1])
+            seconds = (1 - v) * at_j + v * at_next
+        else:
+            # the corners' weights: (1 - u)(1 - v), u(1 - v), (1 - u)v, uv
+            seconds = math.exp((1 - u) * (1 - v) * t[j] + u * (1 - v) * t_next[j]
+                               + (1 - u) * v * t[j + 1] + u * v * t_next[j + 1])
         outside = out_r or out_c
         if not outside and (i, j) in self._near_filled:  # a corner with weight reads a filled cell
             filled = self.filled
+            w00, w10, w01, w11 = (1 - u) * (1 - v), u * (1 - v), (1 - u) * v, u * v
             outside = ((w00 > 0 and (i, j) in filled) or (w10 > 0 and (i + 1, j) in filled)
                        or (w01 > 0 and (i, j + 1) in filled) or (w11 > 0 and (i + 1, j + 1) in filled))
-        return math.exp(log_t), outside
+        return seconds, outside
 
     def __post_init__(self) -> None:
         # the log of every cell, once: each step's lookup reads four of them
@@ -132,6 +148,12 @@ class StepProfile:
             chunks attend no cached tokens).
         moe_touch: (batch tokens, experts touched) pairs measured, or ().
         step_forwards: one of STEP_FORWARDS.
+        packed_buckets: the token counts the measured executor padded a
+            packed step up to (`--prefill-graphs`: `sim.real.packed_graphs.
+            PACKED_BUCKETS`), or () where it ran every step at its own size.
+            A step of T prefill and decode tokens, T <= the largest bucket,
+            then costs what the grids measured at its bucket's size
+            (`padded`): every prefill and mixed point was measured so.
         path: the file it was read from (None: built in memory).
     """
 
@@ -145,7 +167,82 @@ class StepProfile:
     mixed_context_tokens: int
     moe_touch: tuple[tuple[int, float], ...] = ()
     step_forwards: str = "packed"
+    packed_buckets: tuple[int, ...] = ()
     path: Path | None = None
+    # with packed_buckets: the prefill grid over its rows' bucket sizes, and per mixed column
+    # (batch b) the rows' bucket sizes less b with log1p of each (`_mixed_padded`)
+    _padded_prefill: Grid | None = field(default=None, init=False, repr=False, compare=False)
+    _mixed_rows: tuple[tuple[tuple[float, ...], tuple[float, ...]], ...] = field(
+        default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.packed_buckets:
+            return
+        if self.step_forwards != "packed":
+            raise ValueError(f"packed_buckets={list(self.packed_buckets)} needs step_forwards 'packed' "
+                             f"(got {self.step_forwards!r}): a per-chunk executor pads no packed step")
+        pre = self.prefill
+        rows = tuple(float(self.padded(r)) for r in pre.rows)
+        if any(b <= a for a, b in zip(rows, rows[1:])):
+            raise ValueError(f"prefill.chunk_tokens={list(pre.rows)}: two rows pad to one bucket of "
+                             f"{list(self.packed_buckets)}, so the grid cannot tell them apart")
+        object.__setattr__(self, "_padded_prefill", Grid(rows=rows, cols=pre.cols, forward_s=pre.forward_s,
+                                                         filled=pre.filled, linear_cols=pre.linear_cols))
+        mixed, per_col = self.mixed, []
+        for b in mixed.cols:
+            eff = tuple(float(self.padded(r + b) - b) for r in mixed.rows)
+            if any(y <= x for x, y in zip(eff, eff[1:])):
+                raise ValueError(f"mixed.chunk_tokens={list(mixed.rows)} at batch {b:g}: two rows pad to one "
+                                 f"bucket of {list(self.packed_buckets)}, so the grid cannot tell them apart")
+            per_col.append((eff, tuple(math.log1p(x) for x in eff)))
+        object.__setattr__(self, "_mixed_rows", tuple(per_col))
+
+    def padded(self, tokens: float) -> float:
+        """The token count a packed step of `tokens` ran at: the first bucket
+        that holds it, or its own where none does (or there are none)."""
+        buckets = self.packed_buckets
+        if not buckets or tokens > buckets[-1]:
+            return tokens
+        return buckets[bisect.bisect_left(buckets, tokens)]
+
+    def _prefill_at(self, chunk: float, cached: float) -> tuple[float, bool]:
+        """The prefill grid at (chunk, cached), the chunk at its bucket's size."""
+        if self._padded_prefill is None:
+            return self.prefill(chunk, cached)
+        return self._padded_prefill(self.padded(chunk), cached)
+
+    def _mixed_at(self, chunk: float, batch: float) -> tuple[float, bool]:
+        """The mixed grid at (chunk, batch), read per column (b decoders)
+        then log-log between the two columns around `batch`.
+
+        With packed buckets a column is read at the chunk whose step pads to
+        the query's bucket, `padded(chunk + batch) - b`, along its rows' own
+        padded chunks. Below a column's first row the step lies between a
+        decode step of b requests at the grid's reference context (a chunk of
+        0 tokens: the decode grid) and that row, linear in the chunk's tokens
+        and the time, as a forward that reads all the weights anyway is;
+        log-log from 0 would put most of the weight on the row."""
+        grid = self.mixed
+        if not self.packed_buckets and chunk >= grid.rows[0]:
+            return grid(chunk, batch)
+        j, v, outside = _cell(grid.cols, grid._log_cols, batch)
+        total = self.padded(chunk + batch)
+        log_t = []
+        for jj in (j, j + 1):
+            b = grid.cols[jj]
+            rows, log_rows = self._mixed_rows[jj] if self._mixed_rows else (grid.rows, grid._log_rows)
+            x = total - b if self.packed_buckets else chunk
+            if x < rows[0]:
+                at_0, out_0 = self.decode(b, self.mixed_context_tokens)
+                at_row = math.exp(grid._log_t[0][jj])
+                outside = outside or out_0 or (0, jj) in grid.filled
+                log_t.append(math.log(at_0 + (at_row - at_0) * max(x, 0.0) / rows[0]))
+                continue
+            i, u, out_r = _cell(rows, log_rows, x)
+            if out_r or (i, jj) in grid.filled and u < 1 or (i + 1, jj) in grid.filled and u > 0:
+                outside = True
+            log_t.append((1 - u) * grid._log_t[i][jj] + u * grid._log_t[i + 1][jj])
+        return math.exp((1 - v) * log_t[0] + v * log_t[1]), outside
 
     @classmethod
     def load(cls, path: str | Path) -> StepProfile:
@@ -175,7 +272,7 @@ class StepProfile:
         if not isinstance(data, Mapping):
             raise ValueError("the top level must be a JSON object")
         known = {"format", "version", "model", "gpu", "provenance", "non_forward_s", "moe_touch", "step_forwards",
-                 *GRIDS}
+                 "packed_buckets", *GRIDS}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown fields {unknown}; valid: {sorted(known)}")
@@ -197,10 +294,10 @@ class StepProfile:
             raise ValueError(f"step_forwards={forwards!r} must be one of {list(STEP_FORWARDS)}")
         return cls(model=data["model"], gpu=data["gpu"], provenance=_provenance(data["provenance"]),
                    non_forward_s=_number("non_forward_s", data["non_forward_s"], low=0.0),
-                   prefill=_grid("prefill", data["prefill"]), decode=_grid("decode", data["decode"]),
+                   prefill=_grid("prefill", data["prefill"], linear_cols=True), decode=_grid("decode", data["decode"]),
                    mixed=_grid("mixed", data["mixed"], extra=("context_tokens",)),
                    mixed_context_tokens=context, moe_touch=_moe_touch(data.get("moe_touch", [])),
-                   step_forwards=forwards, path=path)
+                   step_forwards=forwards, packed_buckets=_buckets(data.get("packed_buckets", [])), path=path)
 
     def forward_s(self, *, chunk_tokens: float, cached_tokens: float, batch: int,
                   context_tokens: float) -> tuple[float, bool]:
@@ -217,12 +314,12 @@ class StepProfile:
         `context_tokens` (the two context effects assumed additive).
         """
         if batch == 0:
-            return self.prefill(chunk_tokens, cached_tokens)
+            return self._prefill_at(chunk_tokens, cached_tokens)
         if chunk_tokens == 0:
             return self.decode(batch, context_tokens)
-        base, out_m = self.mixed(chunk_tokens, batch)
-        pre, out_p = self.prefill(chunk_tokens, cached_tokens)
-        pre0, out_0 = self.prefill(chunk_tokens, 0)
+        base, out_m = self._mixed_at(chunk_tokens, batch)
+        pre, out_p = self._prefill_at(chunk_tokens, cached_tokens)
+        pre0, out_0 = self._prefill_at(chunk_tokens, 0)
         dec, out_d = self.decode(batch, context_tokens)
         dec0, out_r = self.decode(batch, self.mixed_context_tokens)
         total = base + (pre - pre0) + (dec - dec0)
@@ -250,7 +347,7 @@ class StepProfile:
         total, outside = self.forward_s(chunk_tokens=chunk, cached_tokens=cached, batch=batch,
                                         context_tokens=context_tokens)
         for chunk, cached in rest:
-            more, out = self.prefill(chunk, cached)
+            more, out = self._prefill_at(chunk, cached)
             total, outside = total + more, outside or out
         return total, outside
 
@@ -262,6 +359,14 @@ def _provenance(value: Any) -> dict[str, str]:
         if not isinstance(value.get(name), str) or not value[name]:
             raise ValueError(f"provenance.{name}={value.get(name)!r} must be a non-empty string")
     return dict(value)
+
+
+def _buckets(value: Any) -> tuple[int, ...]:
+    ok = (isinstance(value, Sequence) and not isinstance(value, str)
+          and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in value))
+    if not ok or any(b <= a for a, b in zip(value, value[1:])):
+        raise ValueError(f"packed_buckets={value!r} must be a strictly increasing list of positive token counts")
+    return tuple(value)
 
 
 def _number(name: str, value: Any, *, low: float, open_low: bool = False) -> float:
@@ -280,7 +385,7 @@ def _axis(name: str, value: Any) -> tuple[float, ...]:
     return points
 
 
-def _grid(name: str, value: Any, extra: tuple[str, ...] = ()) -> Grid:
+def _grid(name: str, value: Any, extra: tuple[str, ...] = (), linear_cols: bool = False) -> Grid:
     if not isinstance(value, Mapping):
         raise ValueError(f"{name}={value!r} must be an object")
     row_name, col_name = GRIDS[name]
@@ -298,7 +403,8 @@ def _grid(name: str, value: Any, extra: tuple[str, ...] = ()) -> Grid:
             raise ValueError(f"{name}.forward_s[{i}] must hold {len(cols)} numbers (one per {col_name})")
         out.append(tuple(_number(f"{name}.forward_s[{i}][{j}]", v, low=0.0, open_low=True)
                          for j, v in enumerate(row)))
-    return Grid(rows=rows, cols=cols, forward_s=tuple(out), filled=_filled(name, value.get("filled"), rows, cols))
+    return Grid(rows=rows, cols=cols, forward_s=tuple(out), filled=_filled(name, value.get("filled"), rows, cols),
+                linear_cols=linear_cols)
 
 
 def _filled(name: str, value: Any, rows: tuple, cols: tuple) -> frozenset[tuple[int, int]]:
