@@ -94,6 +94,7 @@ class RealExecutor:
         self.forward_s: list[float] = []  # of which the forward (CUDA events on CUDA; wall on the CPU)
         self.decode_only: list[bool] = []  # whether each step decoded only (no prefill chunk)
         self.forward_tokens = 0  # tokens computed, prefill recomputations included
+        self.warm_moves: list[int] = []  # each warm-up round's page moves (`warm_up_moves`)
         self._pending: list[tuple[tuple, Any]] = []  # (samplers, their greedy tokens) per forward
         self._t0 = 0.0
         self._marks: tuple[Any, Any] = (None, None)  # the forward's start / end (events or perf_counter)
@@ -106,7 +107,8 @@ class RealExecutor:
         compile and the libraries initialise off the clock), the compiled
         packed forward's usual shapes (`CompiledPrefill.warm_up`), every
         packed graph's bucket (`PackedGraphs.warm_up`), then every decode
-        graph a batch of up to `max_batch` requests can use."""
+        graph a batch of up to `max_batch` requests can use, and on CUDA
+        the page-move path (`warm_up_moves`)."""
         import torch
         from unikv.sim.real.attention import use_step
         from unikv.sim.real.prefill import sink_step
@@ -121,6 +123,7 @@ class RealExecutor:
         if self.graphs is not None:
             self.graphs.capture_buckets(max_batch)
         if self.cuda:
+            self.warm_moves = warm_up_moves(self.mem.pool, self.device)
             torch.cuda.synchronize(self.device)
 
     def launch(self, plan: StepPlan) -> Any:
@@ -269,6 +272,68 @@ def _state_ids(requests) -> list[int]:
 COMPILE_BACKEND = "inductor"
 """`torch.compile`'s backend for the compiled decode and packed steps
 (the CPU tests set "aot_eager": inductor's C++ code takes minutes there)."""
+
+
+WARM_PAGES = (2, 4, 8, 34, 62, 66)
+"""Pages each round of `warm_up_moves` allocates before freeing every other
+one, so that its flushes move from one page to dozens (a single page, and
+counts that are and are not multiples of 16: Triton compiles a kernel apart
+for an integer argument of 1 and for multiples of 16)."""
+
+
+def warm_up_moves(pool, device: str) -> list[int]:
+    """Run the page-move path before the clock, as an engine's start-up runs
+    its kernels once: on a scratch `UnifiedPool` of `pool`'s bands and
+    compaction mode on `device` (the same page bytes, so the same copy
+    kernels and tiling), rounds of WARM_PAGES single-page allocations on
+    every band, every other one freed, an urgent flush (the lazy pool's
+    full pack; an eager pool moves at the frees), then the rest freed.
+    `pool` is not touched: its tables, bytes and counters stay as they were.
+    Returns each round's moves ([] for a pool that never moves a page: a
+    baseline's fixed split, the oracle, vLLM's block pool).
+
+    Why: the validation's real replays (results/validation/h200) had decode
+    steps of 99-414 ms where a run first moved pages, and none in the
+    layouts that move none; the warm-up had run no move.
+
+    Raises:
+        RuntimeError: the scratch pool fails its own `verify()`.
+    """
+    import numpy as np
+    import torch
+
+    from unikv import Layout, UnifiedPool
+    from unikv.backends import CudaBackend
+
+    if type(pool) is not UnifiedPool:  # the baselines' pools (fixed split, oracle, vLLM's) never move a page
+        return []
+    layout = pool.layout
+    page_bytes = sum(b.entry_bytes * b.page_size for b in layout.bands)
+    total = min(layout.total_bytes, layout.sink_bytes + 2 * (max(WARM_PAGES) + 2) * page_bytes)
+    scratch = UnifiedPool(Layout(total_bytes=total, bands=list(layout.bands)), backend=CudaBackend(device),
+                          compaction=pool.compaction)
+    ps, states = layout.page_size, [b.name for b in layout.state_bands]
+    moves = []
+    for pages in WARM_PAGES:
+        before = scratch.stats()["moves"]
+        held = [(None, scratch.alloc(ps)) for _ in range(pages if layout.token_bands else 0)]
+        held += [(name, scratch.alloc_state(name, 1)) for name in states for _ in range(pages)]
+        for first in (0, 1):  # every other one in one free per band, flushed (the moves counted); then the rest
+            for band in (None, *states):
+                ids = [i for b, i in held[first::2] if b == band and i is not None]
+                if ids:  # ids as alloc gave them: host arrays or device tensors
+                    ids = torch.cat(ids) if isinstance(ids[0], torch.Tensor) else np.concatenate(ids)
+                    scratch.free(ids) if band is None else scratch.free_state(band, ids)
+            scratch.flush(urgent=True)
+            if first == 0:
+                moves.append(scratch.stats()["moves"] - before)
+    problems = scratch.verify()
+    if problems:
+        raise RuntimeError(f"warm_up_moves: the scratch pool broke: {problems[:3]}")
+    del scratch
+    if str(device).startswith("cuda"):  # its bytes back to the device, not kept by the caching allocator
+        torch.cuda.empty_cache()
+    return moves
 
 
 def real_backend(device: str):
@@ -464,6 +529,8 @@ def executor_summary(config, executor: RealExecutor) -> dict:
         out.update(packed_graph_summary(executor))
     if executor.fused is not None:
         out["fused_projections"] = executor.fused
+    if executor.warm_moves:
+        out["warm_up_moves"] = list(executor.warm_moves)
     return out
 
 
