@@ -151,7 +151,7 @@ def run_compare(out: Path, selected) -> int:
         "| --- | ---: | ---: | --- | --- |\n" + "\n".join(lines) + "\n")
     (out / "steps.md").write_text(
         "Median step time in ms, real / cost (steps), by kind of step: decode only; with a prefill chunk "
-        "under 1,024 tokens (the eager forward is bound by the host's launches); with a larger chunk.\n\n"
+        "under 1,024 tokens; with a larger chunk.\n\n"
         "| cell | decode only | small chunk | large chunk |\n| --- | ---: | ---: | ---: |\n"
         + "\n".join(step_lines) + "\n")
     print((out / "validation.md").read_text())
