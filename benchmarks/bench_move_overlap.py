@@ -58,7 +58,9 @@ Orderings in the side modes, and why each wait is there:
 
 Per case and mode: the step (wall, host work included, synchronised every
 step: median over the measured steps, and over those that moved pages), the
-forward (CUDA events on its stream), moves and bytes per moving step, and
+forward (CUDA events on its stream), moves and bytes per moving step, the
+pool's page moves over the whole run (`pool_moves`, setup included: 0 in
+`none` and `control`), and
 the host time of each of the step's phases (`PHASES`, `<phase>_ms`: the
 case's own pool work, the churn, the table commit, the flush, the
 forward's launch, and `wait`, the host waiting for the device at the
@@ -411,7 +413,7 @@ def run_mode(kind: str, mode: Mode, lm, spec, placed, args, trace: Path | None) 
         sync()
         equal = case.tables_equal()
     out = summarize(records[args.warm:])
-    out.update(status="ok", tables_equal=equal, page_bytes=json.dumps(
+    out.update(status="ok", tables_equal=equal, pool_moves=pool.stats()["moves"], page_bytes=json.dumps(
         {b: pool.layout.geometry(b).page_bytes for b in pool.bands}), trace_step_moves=rec["moves"],
                trace_step_moved_mb=rec["moved_bytes"] / 1e6)
     if trace is not None:
