@@ -51,29 +51,37 @@ def overlap_bench():
     return module
 
 
-def scaled_pool(args):
-    """The decode case's pool, its bytes divided by `args.scale`; the move's copy skipped."""
+def scaled_layout(args):
+    """The decode case's layout with every byte count divided by
+    `args.scale`, and the model's window (None without a window band);
+    ValueError when the scale does not divide a band's entry bytes."""
     from unikv.sim.layouts import build_layout
     from unikv.sim.models import load_model
 
-    from unikv import Band, Layout, UnifiedPool
-    from unikv.backends import CudaBackend
+    from unikv import Band, Layout
 
     mo = overlap_bench()
     spec = load_model(str(args.config), kv_cache_dtype="bf16")
-    budget = mo.budget_bytes("decode", spec, args) - (1 << 30)  # less the CUDA slack
-    plan = build_layout(spec, kv_budget_gib=budget / 2**30, page_size=mo.PS, kind="end_end")
-    big = plan.layout
+    budget = mo.budget_bytes("decode", spec, args) - ((1 << 30) if mo.DEVICE == "cuda" else (1 << 20))  # less its slack
+    big = build_layout(spec, kv_budget_gib=budget / 2**30, page_size=mo.PS, kind="end_end").layout
     for band in big.bands:
         if band.entry_bytes % args.scale:
             raise ValueError(f"--scale={args.scale} does not divide band {band.name}'s entry_bytes={band.entry_bytes}")
     layout = Layout(total_bytes=big.total_bytes // args.scale, bands=[
         Band(b.name, entry_bytes=b.entry_bytes // args.scale, grow=b.grow, page_size=b.page_size, unit=b.unit,
              blocks_per_page=b.blocks_per_page) for b in big.bands])
+    return layout, spec.window_tokens if any(b.name == "swa" for b in layout.bands) else None
+
+
+def scaled_pool(args):
+    """The pool over `scaled_layout`, the move's copy skipped; and the window."""
+    from unikv import UnifiedPool
+    from unikv.backends import CudaBackend
+
+    layout, window = scaled_layout(args)
     backend = CudaBackend("cpu")
     backend.ops.move_pages = lambda *a, **kw: None  # device work, not host work
-    pool = UnifiedPool(layout, backend, compaction="lazy", ids="numpy", move_cap=args.move_cap)
-    return pool, spec.window_tokens if "swa" in pool.bands else None
+    return UnifiedPool(layout, backend, compaction="lazy", ids="numpy", move_cap=args.move_cap), window
 
 
 class Decoding:
@@ -169,6 +177,7 @@ def main(argv=None) -> int:
         mo.check_sizes(argparse.Namespace(**vars(args), prefix=mo.PS, chunk=mo.PS, alone_mb=0))
         if args.scale <= 0:
             raise ValueError(f"--scale={args.scale} must be positive")
+        scaled_layout(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
