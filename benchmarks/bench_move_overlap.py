@@ -60,11 +60,11 @@ Per case and mode: the step (wall, host work included, synchronised every
 step: median over the measured steps, and over those that moved pages), the
 forward (CUDA events on its stream), moves and bytes per moving step, the
 pool's page moves over the whole run (`pool_moves`, setup included: 0 in
-`none` and `control`), and
-the host time of each of the step's phases (`PHASES`, `<phase>_ms`: the
-case's own pool work, the churn, the table commit, the flush, the
-forward's launch, and `wait`, the host waiting for the device at the
-step's end; `time.perf_counter` around each, no device sync added). The
+`none` and `control`), and the host time of each of the step's phases
+(`PHASES`, `<phase>_ms`: the case's own pool work, the churn, the table
+commit, the flush, the forward's launch, and `wait`, the host waiting for
+the device at the step's end; `time.perf_counter` around each, no device
+sync added). The
 moving rows' added time is split against the control (`against_control`):
 (a) `churn_added_ms`, the control's step less none's (the churn's cost
 with or without compaction); (b) `compaction_host_ms`, commit + flush host
