@@ -16,7 +16,10 @@ of `residents` residents leaves (its pages become holes below the others);
 the lazy flush after the forward's launch moves up to `move_cap` top pages
 per band into those holes.
 
-Modes (`--modes`): `none` (no churn, no flush: the baseline step); `same`
+Modes (`--modes`): `none` (no churn, no flush: the baseline step);
+`control` (the churn of `side-early`, its streams and orderings, but no
+flush: the holes are left, and the next resident refills them; what the
+churn costs with or without compaction); `same`
 (the pool's work and moves on the forward's stream: the moves add to the
 step); `side` (the pool on a side stream, one program per tile: the move
 takes every SM while it runs); `side-pN` (the pool on a side stream, each
@@ -55,7 +58,21 @@ Orderings in the side modes, and why each wait is there:
 
 Per case and mode: the step (wall, host work included, synchronised every
 step: median over the measured steps, and over those that moved pages), the
-forward (CUDA events on its stream), moves and bytes per moving step. From
+forward (CUDA events on its stream), moves and bytes per moving step, the
+pool's page moves over the whole run (`pool_moves`, setup included: 0 in
+`none` and `control`), and the host time of each of the step's phases
+(`PHASES`, `<phase>_ms`: the case's own pool work, the churn, the table
+commit, the flush, the forward's launch, and `wait`, the host waiting for
+the device at the step's end; `time.perf_counter` around each, no device
+sync added). The
+moving rows' added time is split against the control (`against_control`):
+(a) `churn_added_ms`, the control's step less none's (the churn's cost
+with or without compaction); (b) `compaction_host_ms`, commit + flush host
+time less the control's (planning and issuing the moves, committing the
+moved pages); (c) `forward_lost_ms`, the forward's GPU time less the
+control's; `step_vs_control_ms`, the step less the control's, is what
+compaction costs the step (the target: none while the forward is longer
+than the moves). From
 a torch.profiler Chrome trace of one more step (`traces/<case>_<mode>.json.gz`;
 mode none's trace is the baseline): the move kernels' time, how much of it
 ran while forward kernels ran, the forward's kernel time (sum of its
@@ -63,9 +80,16 @@ kernels) and span (first start to last end), and their growth against mode
 none: what the moves really cost the forward. Last, rows of case `alone`:
 each grid's move kernel by itself on an idle GPU (`--alone-mb` MB in 1 MiB
 pages), the time and bandwidth to set the moves beside the forward against.
-Rows go to `<out>/move_overlap.csv`, the run's settings to `<out>/config.json`.
+Rows go to `<out>/move_overlap.csv`, the split as markdown tables to
+`<out>/move_overlap.md`, the run's settings to `<out>/config.json`. Each
+trace's GPU rows are named after what ran on them (`stream 7: forward`,
+`stream 13: page moves`). `--trace` is the one command for the trace of
+one moving step: decode in modes none, control and side-early (unless
+given), and it fails unless each side mode's traced step moved pages on a
+stream other than the forward's. CUDA only: a CPU step has no streams.
 
     python benchmarks/bench_move_overlap.py --out results/real/h200/move_overlap
+    python benchmarks/bench_move_overlap.py --trace --out /tmp/step_trace   # traces/decode_side-early.json.gz
     python benchmarks/bench_move_overlap.py --smoke CONFIG --out /tmp/move_overlap   # CPU check, tiny sizes
 """
 
@@ -89,8 +113,10 @@ import numpy as np
 PS = 16
 MOVE_KERNEL = "_copy_rows_kernel"
 FORWARD_RANGE = "unikv.forward"
-MODES = ("none", "same", "side", "side-p4", "side-p8", "side-p16", "side-p32", "side-early", "side-early-p4",
-         "side-early-p32")
+MODES = ("none", "control", "same", "side", "side-p4", "side-p8", "side-p16", "side-p32", "side-early",
+         "side-early-p4", "side-early-p32")
+PHASES = ("pool", "churn", "commit", "flush", "launch", "wait")  # a step's parts, in order (`Phases`)
+HOST_PHASES = PHASES[:-1]  # the host's work; `wait` is the host waiting for the device
 
 
 def decode_bench():
@@ -114,21 +140,24 @@ class Mode:
     churn: bool
     programs: int | None = None
     early: bool = False  # the flush before the forward's launch (side-early*)
+    flush: bool = True  # False: the churn's holes are left (control)
 
 
 def parse_mode(name: str) -> Mode:
-    """`none`, `same`, `side`, `side-pN`, `side-early` or `side-early-pN`
-    (N >= 1); ValueError naming it otherwise."""
+    """`none`, `control`, `same`, `side`, `side-pN`, `side-early` or
+    `side-early-pN` (N >= 1); ValueError naming it otherwise."""
     if name in ("none", "same", "side"):
-        return Mode(name, side=name == "side", churn=name != "none")
+        return Mode(name, side=name == "side", churn=name != "none", flush=name != "none")
+    if name == "control":
+        return Mode(name, side=True, churn=True, early=True, flush=False)
     if name == "side-early":
         return Mode(name, side=True, churn=True, early=True)
     early = name.startswith("side-early-p")
     n = name[len("side-early-p" if early else "side-p"):]
     if (early or name.startswith("side-p")) and n.isdigit() and int(n) > 0:
         return Mode(name, side=True, churn=True, programs=int(n), early=early)
-    raise ValueError(f"--modes: {name!r} is not none, same, side, side-pN, side-early or side-early-pN "
-                     "(N a positive integer)")
+    raise ValueError(f"--modes: {name!r} is not none, same, side, side-pN, side-early, side-early-pN "
+                     "(N a positive integer) or control")
 
 
 class LaterEvent:
@@ -378,13 +407,13 @@ def run_mode(kind: str, mode: Mode, lm, spec, placed, args, trace: Path | None) 
             records.append(rec)
         prof = profiler() if trace is not None else contextlib.nullcontext()
         with prof:
-            rec, prev = one_step(case, pool, residents, streams, mode, prev)
+            rec, prev = one_step(case, pool, residents, streams, mode, prev, ranges=trace is not None)
         with streams.on(streams.pool_stream):
             views.page_tables()  # the last flush's remaps committed
         sync()
         equal = case.tables_equal()
     out = summarize(records[args.warm:])
-    out.update(status="ok", tables_equal=equal, page_bytes=json.dumps(
+    out.update(status="ok", tables_equal=equal, pool_moves=pool.stats()["moves"], page_bytes=json.dumps(
         {b: pool.layout.geometry(b).page_bytes for b in pool.bands}), trace_step_moves=rec["moves"],
                trace_step_moved_mb=rec["moved_bytes"] / 1e6)
     if trace is not None:
@@ -393,28 +422,54 @@ def run_mode(kind: str, mode: Mode, lm, spec, placed, args, trace: Path | None) 
     return out
 
 
-def one_step(case, pool, residents: Residents, streams: Streams, mode: Mode, prev):
+class Phases:
+    """Host seconds of a step's phases (`PHASES`), by `time.perf_counter`
+    around each (no device sync added); on a traced step each phase is
+    also a profiler range `unikv.<phase>`, so the trace's host row shows them."""
+
+    def __init__(self, ranges: bool) -> None:
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.ranges = ranges
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        import torch
+
+        t0 = time.perf_counter()
+        with torch.profiler.record_function(f"unikv.{name}") if self.ranges else contextlib.nullcontext():
+            yield
+        self.seconds[name] += time.perf_counter() - t0
+
+
+def one_step(case, pool, residents: Residents, streams: Streams, mode: Mode, prev, ranges: bool = False):
     """One step: the pool's work, the forward, the flush (see the module
-    docstring for the three orderings); returns its record and done event."""
+    docstring for the orderings), each phase timed (`Phases`); returns its
+    record and done event."""
     import torch
 
     moved0 = pool.stats()["moved_bytes"]
     moves = 0
     sync()
     t0 = time.perf_counter()
+    phase = Phases(ranges)
     with streams.on(streams.pool_stream):
-        if streams.side is not None and prev is not None:
-            streams.side.wait_event(prev)  # ordering 1: the last forward read what this work frees and remaps
-        batch = case.pool_work()
-        if mode.churn:
-            residents.turn()
-        pool.commit()
+        with phase("pool"):
+            if streams.side is not None and prev is not None:
+                streams.side.wait_event(prev)  # ordering 1: the last forward read what this work frees and remaps
+            batch = case.pool_work()
+        with phase("churn"):
+            if mode.churn:
+                residents.turn()
+        with phase("commit"):
+            pool.commit()
         if mode.early:  # ordering 4: the moves start before the forward's launch
-            done = LaterEvent(streams.fwd is not None)
-            committed = mark(streams.side)
-            pool.set_inflight_forward(done, case.writes())
-            moves = pool.flush(urgent=False)
-    with streams.on(streams.fwd):
+            with phase("flush"):
+                done = LaterEvent(streams.fwd is not None)
+                committed = mark(streams.side)
+                pool.set_inflight_forward(done, case.writes())
+                if mode.flush:  # control: the holes are left
+                    moves = pool.flush(urgent=False)
+    with streams.on(streams.fwd), phase("launch"):
         if mode.early and streams.side is not None:
             streams.fwd.wait_event(committed)  # ordering 4: the commit, not the moves just issued
         elif streams.side is not None:
@@ -430,14 +485,14 @@ def one_step(case, pool, residents: Residents, streams: Streams, mode: Mode, pre
             if streams.fwd is not None:
                 done.record(streams.fwd)
     if mode.churn and not mode.early:  # mode none: no flush either
-        with streams.on(streams.pool_stream):  # ordering 3: the moves wait for nothing
+        with streams.on(streams.pool_stream), phase("flush"):  # ordering 3: the moves wait for nothing
             pool.set_inflight_forward(done, case.writes())
             moves = pool.flush(urgent=False)
-    sync()
-    step_s = time.perf_counter() - t0
+    with phase("wait"):
+        sync()
     forward_s = start.elapsed_time(stop) / 1e3 if streams.fwd is not None else stop - start
-    return {"step_s": step_s, "forward_s": forward_s, "moves": moves,
-            "moved_bytes": pool.stats()["moved_bytes"] - moved0}, done
+    return {"step_s": time.perf_counter() - t0, "forward_s": forward_s, "moves": moves,
+            "moved_bytes": pool.stats()["moved_bytes"] - moved0, **{f"{k}_s": v for k, v in phase.seconds.items()}}, done
 
 
 def mark(stream):
@@ -459,14 +514,21 @@ def sync() -> None:
 
 
 def summarize(records: list[dict]) -> dict:
-    """Medians over the measured steps, and over those that moved pages."""
+    """Medians over the measured steps, and over those that moved pages;
+    each phase's host time (`<phase>_ms`, `host_ms` their sum less `wait`)
+    over the moving steps when some moved, else over all."""
     ms = lambda key, rs: 1e3 * statistics.median(r[key] for r in rs) if rs else None  # noqa: E731
     moving = [r for r in records if r["moves"]]
+    phased = moving or records
+    for r in phased:
+        r["host_s"] = sum(r[f"{k}_s"] for k in HOST_PHASES)
     return {"steps": len(records), "steps_moving": len(moving),
             "step_ms": ms("step_s", records), "step_ms_moving": ms("step_s", moving),
             "forward_ms": ms("forward_s", records), "forward_ms_moving": ms("forward_s", moving),
             "moves_per_moving_step": statistics.mean(r["moves"] for r in moving) if moving else 0,
-            "moved_mb_per_moving_step": statistics.mean(r["moved_bytes"] for r in moving) / 1e6 if moving else 0.0}
+            "moved_mb_per_moving_step": statistics.mean(r["moved_bytes"] for r in moving) / 1e6 if moving else 0.0,
+            "phase_steps": len(phased), "host_ms": ms("host_s", phased),
+            **{f"{k}_ms": ms(f"{k}_s", phased) for k in PHASES}}
 
 
 # -- the trace of one step --
@@ -482,38 +544,75 @@ def profiler():
 
 
 def save_trace(prof, path: Path) -> dict:
-    """Write `prof`'s Chrome trace to `path` (gzipped); its kernel summary."""
+    """Write `prof`'s Chrome trace to `path` (gzipped), its GPU stream rows
+    named after what ran on them (`label_streams`); its kernel summary."""
     raw = path.with_suffix("")  # x.json.gz -> x.json
     prof.export_chrome_trace(str(raw))
-    data = raw.read_bytes()
+    trace = json.loads(raw.read_bytes())
     raw.unlink()
-    path.write_bytes(gzip.compress(data))
-    return trace_summary(json.loads(data).get("traceEvents", []))
+    events = trace.get("traceEvents", [])
+    summary = trace_summary(events)
+    label_streams(events)
+    path.write_bytes(gzip.compress(json.dumps(trace).encode()))
+    return summary
 
 
-def trace_summary(events: list[dict]) -> dict:
+def step_kernels(events: list[dict]) -> tuple[list[dict], list[dict]]:
     """The forward's kernels (launched inside its `FORWARD_RANGE`: matched by
-    the launch's correlation id, so a graph's kernels count too) and the move
-    kernels of one step: counts, summed time, the forward's span, and the
-    move time that ran while a forward kernel ran. Empty on a CPU trace."""
+    the launch's correlation id, so a graph's kernels count too) and the
+    move kernels, of one step's trace events."""
     kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
-    if not kernels:
-        return {}
     ranges = [(e["ts"], e["ts"] + e["dur"]) for e in events
               if e.get("cat") == "user_annotation" and e.get("name") == FORWARD_RANGE]
     launched = {e["args"]["correlation"] for e in events
                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
                 and any(a <= e["ts"] <= b for a, b in ranges)}
     moves = [e for e in kernels if MOVE_KERNEL in e["name"]]
-    forward = [e for e in kernels if e.get("args", {}).get("correlation") in launched and e not in moves]
+    forward = [e for e in kernels if e.get("args", {}).get("correlation") in launched and MOVE_KERNEL not in e["name"]]
+    return forward, moves
+
+
+def stream_of(kernel: dict) -> int:
+    """A kernel event's CUDA stream (its `args.stream`, else its row)."""
+    return kernel.get("args", {}).get("stream", kernel.get("tid"))
+
+
+def trace_summary(events: list[dict]) -> dict:
+    """The forward's kernels and the move kernels of one step (`step_kernels`):
+    counts, summed time, the forward's span, the move time that ran while a
+    forward kernel ran, the streams each ran on and whether the moves ran on
+    none of the forward's. Empty on a CPU trace."""
+    if not any(e.get("ph") == "X" and e.get("cat") == "kernel" for e in events):
+        return {}
+    forward, moves = step_kernels(events)
     busy = merged([(e["ts"], e["ts"] + e["dur"]) for e in forward])
     beside = sum(max(0.0, min(m["ts"] + m["dur"], hi) - max(m["ts"], lo)) for m in moves for lo, hi in busy)
+    fwd_streams, move_streams = sorted({stream_of(e) for e in forward}), sorted({stream_of(e) for e in moves})
     return {"move_kernels": len(moves), "move_us": sum(e["dur"] for e in moves),
             "move_beside_forward_us": beside, "move_grids": json.dumps(sorted({str(e["args"].get("grid"))
                                                                                 for e in moves})),
             "forward_kernels": len(forward), "forward_kernel_us": sum(e["dur"] for e in forward),
             "forward_span_us": (max(e["ts"] + e["dur"] for e in forward) - min(e["ts"] for e in forward)
-                                if forward else None)}
+                                if forward else None),
+            "forward_streams": json.dumps(fwd_streams), "move_streams": json.dumps(move_streams),
+            "moves_off_forward_stream": bool(moves) and not set(fwd_streams) & set(move_streams)}
+
+
+def label_streams(events: list[dict]) -> None:
+    """Name the GPU rows of a trace after what ran on them, in place: the
+    row of each stream with forward kernels and of each with move kernels
+    (`stream 7: forward`, `stream 13: page moves`), so a viewer shows the
+    forward's stream and the side stream by name."""
+    forward, moves = step_kernels(events)
+    roles: dict[tuple, list[str]] = {}
+    for role, kernels in (("forward", forward), ("page moves", moves)):
+        for key in sorted({(e.get("pid"), e.get("tid")) for e in kernels}, key=str):
+            roles.setdefault(key, []).append(role)
+    events[:] = [e for e in events if not (e.get("ph") == "M" and e.get("name") == "thread_name"
+                                           and (e.get("pid"), e.get("tid")) in roles)]
+    for (pid, tid), names in roles.items():
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                       "args": {"name": f"stream {tid}: {' + '.join(names)}"}})
 
 
 def merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -585,8 +684,76 @@ def against_none(rows: list[dict]) -> None:
                 r[key.replace("_us", "_growth_us")] = r[key] - b[key]
 
 
+def against_control(rows: list[dict]) -> None:
+    """Split each moving row's added step time against its case's control
+    row (the same churn, no flush), in place:
+    `churn_added_ms` (control row: its step less mode none's, what the
+    churn costs with or without compaction) and, per moving row,
+    `step_vs_control_ms` (its moving step less the control's step: what
+    compaction costs the step), `compaction_host_ms` (its commit + flush
+    host time less the control's: planning and issuing the moves,
+    committing the moved pages' tables), `forward_lost_ms` (its forward's
+    GPU time less the control's) and `rest_ms` (the step's difference
+    less those two: negative where the flush's host work ran beside the
+    forward, as in `side` and `side-pN`, which flush after the launch)."""
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("step_ms") is not None]
+    control = {r["case"]: r for r in ok if r["mode"] == "control"}
+    none = {r["case"]: r for r in ok if r["mode"] == "none"}
+    for case, c in control.items():
+        if case in none:
+            c["churn_added_ms"] = c["step_ms"] - none[case]["step_ms"]
+    for r in ok:
+        c = control.get(r["case"])
+        if c is None or r.get("step_ms_moving") is None:
+            continue
+        r["step_vs_control_ms"] = r["step_ms_moving"] - c["step_ms"]
+        r["compaction_host_ms"] = r["commit_ms"] + r["flush_ms"] - c["commit_ms"] - c["flush_ms"]
+        r["forward_lost_ms"] = r["forward_ms_moving"] - c["forward_ms"]
+        r["rest_ms"] = r["step_vs_control_ms"] - r["compaction_host_ms"] - r["forward_lost_ms"]
+        for key in ("forward_kernel_us", "forward_span_us"):  # from the traced steps, where there are kernels
+            if r.get(key) is not None and c.get(key) is not None:
+                r[key.replace("_us", "_vs_control_us")] = r[key] - c[key]
+
+
+SPLIT_COLUMNS = (("mode", "mode"), ("step_ms_moving", "step ms (moving)"), ("step_added_ms", "vs none"),
+                 ("churn_added_ms", "(a) churn: control vs none"), ("step_vs_control_ms", "vs control"),
+                 ("compaction_host_ms", "(b) compaction host"), ("forward_lost_ms", "(c) forward lost"),
+                 ("rest_ms", "rest"), ("moved_mb_per_moving_step", "moved MB"),
+                 *((f"{k}_ms", k) for k in PHASES))
+
+
+def write_markdown(rows: list[dict], path: Path) -> None:
+    """Per case, the split of a moving step's added time (`against_control`)
+    and the host phases' medians, as markdown tables (milliseconds)."""
+    lines = ["# Added step time of page moves, split (ms; medians)", "",
+             "(a) the churn's cost with or without compaction (control against none); "
+             "(b) compaction's own host work (commit + flush against the control's); "
+             "(c) the forward's GPU time against the control's; rest: the step's difference less (b) and (c). "
+             "The phase columns are host time (`wait`: the host waiting for the device)."]
+    for case in dict.fromkeys(r["case"] for r in rows if r["case"] != "alone"):
+        lines += ["", f"## {case}", "", "| " + " | ".join(h for _, h in SPLIT_COLUMNS) + " |",
+                  "|" + "---|" * len(SPLIT_COLUMNS)]
+        for r in rows:
+            if r["case"] != case:
+                continue
+            if r.get("status") != "ok":
+                lines.append(f"| {r['mode']} | {r.get('status')} |")
+                continue
+            shown = dict(r, step_ms_moving=r["step_ms"] if r.get("step_ms_moving") is None else r["step_ms_moving"])
+            lines.append("| " + " | ".join(cell(shown.get(k)) for k, _ in SPLIT_COLUMNS) + " |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def cell(value) -> str:
+    """A markdown cell: floats to 3 decimals, missing values empty."""
+    if value is None:
+        return ""
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
 # -- command line --
 
+TRACE = dict(cases=["decode"], modes=["none", "control", "side-early"], alone_mb=0)  # --trace's defaults
 SMOKE = dict(batch=2, context=64, prefix=64, chunk=32, residents=2, resident_tokens=64, move_cap=4, steps=2,
              warm=1, modes=["none", "same", "side-p2", "side-early-p2"])
 
@@ -612,11 +779,21 @@ def main(argv=None) -> int:
                     help="the forward stream's priority (lower = higher; the side stream has 0)")
     ap.add_argument("--smoke", type=Path, default=None, metavar="CONFIG",
                     help="check the script on the CPU: fp32, this (small) config, tiny sizes")
+    ap.add_argument("--trace", action="store_true",
+                    help="the trace of one moving step (CUDA only): unless given, --cases decode, --modes "
+                         f"{' '.join(TRACE['modes'])}, --alone-mb 0; checks the moves ran off the forward's stream")
     args = ap.parse_args(argv)
     import torch
 
     brd = decode_bench()
     global DEVICE, DTYPE
+    if args.trace and (args.smoke is not None or not torch.cuda.is_available()):
+        print("error: --trace needs a CUDA device (a CPU step has no streams to show)", file=sys.stderr)
+        return 2
+    if args.trace:
+        for key, value in TRACE.items():
+            if getattr(args, key) == ap.get_default(key):
+                setattr(args, key, value)
     if args.smoke is not None:
         DEVICE, DTYPE = "cpu", "fp32"
         for key, value in SMOKE.items():
@@ -639,9 +816,34 @@ def main(argv=None) -> int:
         return 2
     rows = run_all(args, modes, brd)
     against_none(rows)
+    against_control(rows)
     brd.write_rows(rows, args.out / "move_overlap.csv")
+    write_markdown(rows, args.out / "move_overlap.md")
     print_table(rows)
-    return 0 if all(r.get("status") == "ok" for r in rows) else 1
+    problems = trace_problems(rows) if args.trace else []
+    for line in problems:
+        print(f"trace: {line}", file=sys.stderr)
+    return 0 if all(r.get("status") == "ok" for r in rows) and not problems else 1
+
+
+def trace_problems(rows: list[dict]) -> list[str]:
+    """What `--trace` found wrong in the traced steps of the flushing side
+    modes (empty: each moved pages on a stream of its own); prints where
+    each trace is and what it shows."""
+    out = []
+    for r in rows:
+        mode = parse_mode(r["mode"]) if r["case"] != "alone" else None
+        if mode is None or not (mode.side and mode.flush) or r.get("status") != "ok":
+            continue
+        print(f"trace: traces/{r['case']}_{r['mode']}.json.gz: forward on streams {r.get('forward_streams')}, "
+              f"{r.get('move_kernels')} move kernels ({cell(r.get('move_us'))} us) on streams "
+              f"{r.get('move_streams')}, {cell(r.get('move_beside_forward_us'))} us of them beside forward kernels; "
+              f"step vs control {cell(r.get('step_vs_control_ms'))} ms")
+        if not r.get("trace_step_moves"):
+            out.append(f"{r['case']} {r['mode']}: the traced step moved no page")
+        elif not r.get("moves_off_forward_stream"):
+            out.append(f"{r['case']} {r['mode']}: the moves ran on the forward's stream, or no move kernel was traced")
+    return out
 
 
 def check_sizes(args) -> None:
@@ -715,8 +917,8 @@ def write_config(args, model_path: Path) -> None:
 
 def print_table(rows: list[dict]) -> None:
     """The rows that matter, one line per case and mode."""
-    cols = ("case", "mode", "step_ms", "step_ms_moving", "step_added_ms", "forward_added_ms",
-            "moved_mb_per_moving_step", "move_us", "move_gb_per_s", "move_beside_forward_us", "forward_kernel_growth_us",
+    cols = ("case", "mode", "step_ms", "step_ms_moving", "step_added_ms", "forward_added_ms", "churn_added_ms",
+            "step_vs_control_ms", "compaction_host_ms", "forward_lost_ms", "moved_mb_per_moving_step", "move_us", "move_gb_per_s", "move_beside_forward_us", "forward_kernel_growth_us",
             "forward_span_growth_us", "tables_equal", "status")
     print(" | ".join(cols))
     for r in rows:

@@ -1,5 +1,6 @@
 """END bands: watermarks, eager compaction, lazy holes / flush / hazards."""
 
+import pytest
 import torch
 from factories import fill, full_swa, one_band, pool, read
 
@@ -150,3 +151,25 @@ def test_urgent_flush_packs_fully_in_one_pass():
     keep = v[[0, 2, 4, 6, 8, 9]]
     assert torch.equal(read(p, keep, "swa"), data[[0, 2, 4, 6, 8, 9]])
     assert p.verify() == []
+
+
+@pytest.mark.parametrize("vector", [False, True], ids=["walk", "numpy"])
+def test_lazy_flush_tells_the_backend_its_moves_are_disjoint(vector, monkeypatch):
+    """A pack moves survivors into holes, never onto one of them: the backend
+    is told so (no overlap check), and the bytes follow their pages."""
+    if vector:
+        monkeypatch.setattr("unikv.bands.end.VECTOR_PACK", 1)
+    p = pool(one_band("up"), "lazy")
+    v = p.alloc(6)  # phys 1..6
+    data = fill(p, v, "full", 5)
+    p.free(v[:2])
+    seen = []
+    real = p.backend.move_pages
+
+    def spy(buffer, page_bytes, src, dst, disjoint=None):
+        seen.append((src.tolist(), dst.tolist(), disjoint))
+        real(buffer, page_bytes, src, dst, disjoint=disjoint)
+    monkeypatch.setattr(p.backend, "move_pages", spy)
+    assert p.flush() == 2
+    assert seen == [([6, 5], [1, 2], True)]
+    assert torch.equal(read(p, v[2:], "full"), data[2:]) and wm(p) == 5 and p.verify() == []

@@ -184,11 +184,13 @@ class BandAllocator:
         self.counters.freed_pages += len(v_pages)
         return p_pages
 
-    def move(self, src: Sequence[int], dst: Sequence[int]) -> None:
+    def move(self, src: Sequence[int] | np.ndarray, dst: Sequence[int] | np.ndarray,
+             disjoint: bool | None = None) -> None:
         """Copy live pages `src -> dst` and rebind their virtual pages.
 
         `src` and `dst` may overlap as an ordered shift: every source is read
-        before any destination is written.
+        before any destination is written. `disjoint`: True when the caller
+        knows no page is in both (the check is then skipped), None to check.
         """
         if not len(src):
             return
@@ -196,7 +198,8 @@ class BandAllocator:
         d = np.asarray(dst, dtype=np.int64)
         buffer = self.ctx.buffer
         if buffer is not None:  # bytes to copy (else the move is bookkeeping only)
-            disjoint = len(np.intersect1d(s, d)) == 0
+            if disjoint is None:
+                disjoint = len(np.intersect1d(s, d)) == 0
             self.backend.move_pages(buffer, self.page_bytes, s, d, disjoint=disjoint)
         v = self.p2v[s]
         self.p2v[s] = -1

@@ -35,8 +35,8 @@ class EndBand(BandAllocator):
         self.live = 0
         self._reset_frontier()
         # Pages a move vacated while the forward still read them:
-        # [(event, page list)], oldest first.
-        self.pending: list[tuple[object, list[int]]] = []
+        # [(event, pages: a list, or an int64 array)], oldest first.
+        self.pending: list[tuple[object, list[int] | np.ndarray]] = []
         self.pending_set: set[int] = set()
         # The hole array the last absorb left, the array owning its memory
         # and its pages ascending (None until a pack asks): while `holes` is
@@ -137,41 +137,55 @@ class EndBand(BandAllocator):
                 frontier = int(self.p2v[self.watermark - 1 if self.up else self.watermark])
                 if hazards.writes_page(self.name, frontier):
                     return 0
-        holes = self._ascending()
-        srcs, dsts = self._plan_pack(holes, None if urgent else self.ctx.move_cap, urgent)
-        if not srcs:
+        cap = None if urgent else self.ctx.move_cap
+        if len(self.holes) >= VECTOR_PACK:  # planned on the stored array: no ascending list built
+            holes = None
+            srcs, dsts = self._plan_pack_vector(cap, urgent)
+        else:
+            holes = self._ascending()
+            srcs, dsts = self._plan_pack(holes, cap, urgent)
+        if not len(srcs):
             return 0  # nothing moved: the hole list stays as absorbed
-        self.move(srcs, dsts)
+        # Survivors are live pages, holes free ones: never the same page.
+        self.move(srcs, dsts, disjoint=True)
         # The destinations were the deepest holes: the deep end of the list.
-        left = holes[len(dsts):] if self.up else holes[:len(holes) - len(dsts)]
+        rest = self.holes[len(dsts):]
         reader = None if urgent else hazards.pending_event()
         if reader is not None:
             self.pending.append((reader, srcs))
-            self.pending_set.update(srcs)
+            self.pending_set.update(srcs if isinstance(srcs, list) else srcs.tolist())
             counters.pending_peak = max(counters.pending_peak, len(self.pending_set))
             # The holes left are the stored list less its deepest: a view.
             # They were absorbed already, and no vacated page joined them.
-            self._keep(left, self.holes[len(dsts):])
+            left = None if holes is None else holes[len(dsts):] if self.up else holes[:len(holes) - len(dsts)]
+            self._keep(left, rest)
         else:
-            ordered = np.array(left + srcs, dtype=np.int64)
+            ordered = np.concatenate([rest, np.asarray(srcs, dtype=np.int64)])
             ordered.sort()  # the method: no Python wrapper, unlike np.sort
             self._keep(None, self._absorb(ordered))
         return len(srcs)
 
     def _drain_pending(self, urgent: bool) -> None:
-        """Return vacated pages whose reader finished to the hole list."""
+        """Return vacated pages whose reader finished to the hole list
+        (each pending entry's pages: a list, or an int64 array from
+        `_plan_pack_vector`)."""
         keep, ready = [], []
         for event, pages in self.pending:
             if urgent and not self.backend.event_done(event):
                 self.backend.wait_event(event)
             if self.backend.event_done(event):
-                ready += pages
-                self.pending_set.difference_update(pages)
+                ready.append(pages)
             else:
                 keep.append((event, pages))
         self.pending = keep
-        if ready:
-            self.holes = np.concatenate([self.holes, np.asarray(ready, dtype=np.int64)])
+        if not ready:
+            return
+        if keep:
+            for pages in ready:
+                self.pending_set.difference_update(pages if isinstance(pages, list) else pages.tolist())
+        else:  # every reader finished (the usual case): nothing stays pending
+            self.pending_set.clear()
+        self.holes = np.concatenate([self.holes, *(np.asarray(p, dtype=np.int64) for p in ready)])
 
     def _absorb_holes(self) -> bool:
         """Sort the hole list (deepest first) and absorb the holes touching
@@ -260,8 +274,6 @@ class EndBand(BandAllocator):
         `Hazards.written`).
         """
         up, n = self.up, len(holes)
-        if n >= VECTOR_PACK:
-            return self._plan_pack_vector(holes, cap, urgent)
         pending = self.pending_set
         low, high = self.span()
         step = -1 if up else 1  # the survivor walk's direction
@@ -291,23 +303,25 @@ class EndBand(BandAllocator):
             p += step
         return srcs, dsts
 
-    def _plan_pack_vector(self, holes: list[int], cap: int | None, urgent: bool):
-        """`_plan_pack` in numpy, for long hole lists: the j-th survivor from
-        the frontier pairs with the j-th deepest hole while it lies beyond
-        it (survivors fall, holes rise, so the pairs that do form a prefix);
-        then the cap, then the first page the running forward writes."""
-        n = len(holes)
+    def _plan_pack_vector(self, cap: int | None, urgent: bool) -> tuple[np.ndarray, np.ndarray]:
+        """`_plan_pack` in numpy, for long hole lists, over the stored hole
+        array (`_absorb_holes` first); the pairs as int64 arrays. The j-th
+        survivor from the frontier pairs with the j-th deepest hole while
+        it lies beyond it (survivors fall, holes rise, so the pairs that do
+        form a prefix); then the cap, then the first page the running
+        forward writes."""
+        deep = self.holes  # deepest first: ascending growing up, descending growing down
+        n = len(deep)
         low, high = self.span()
         # The n outermost survivors lie in the n + |holes| + |pending| pages
         # next to the frontier.
         width = min(high - low, 2 * n + len(self.pending_set))
         start = high - width if self.up else low
         free = np.zeros(width, dtype=bool)
-        deep = self.holes  # deepest first: ascending growing up, descending growing down
         near = deep[(deep >= start) & (deep < start + width)]
         free[near - start] = True
-        if self.pending_set:
-            pend = np.fromiter(self.pending_set, dtype=np.int64, count=len(self.pending_set))
+        if self.pending:  # its entries' pages are `pending_set`
+            pend = np.concatenate([np.asarray(p, dtype=np.int64) for _, p in self.pending])
             free[pend[(pend >= start) & (pend < start + width)] - start] = True
         pages = np.arange(start, start + width, dtype=np.int64)
         survivors = pages[~free]
@@ -321,11 +335,10 @@ class EndBand(BandAllocator):
         if not urgent and k:
             blocked = self.ctx.hazards.written(self.name)
             if blocked:
-                for j, v in enumerate(self.p2v[srcs[:k]].tolist()):
-                    if v in blocked:
-                        k = j
-                        break
-        return srcs[:k].tolist(), dsts[:k].tolist()
+                moved = self.p2v[srcs[:k]].tolist()
+                if not blocked.isdisjoint(moved):  # one C-level pass; the index only when one is hit
+                    k = next(j for j, v in enumerate(moved) if v in blocked)
+        return srcs[:k], dsts[:k]
 
     def violations(self) -> list[str]:
         out: list[str] = []

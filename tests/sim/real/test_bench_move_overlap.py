@@ -145,3 +145,84 @@ def test_refuses_without_cuda(bench, tmp_path, capsys):
         pytest.skip("CUDA present: the benchmark runs")
     assert bench.main(["--out", str(tmp_path)]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_control_leaves_holes_and_the_split_adds_up(bench, tiny_config, tmp_path, one_thread):
+    """The control churns as side-early does but never moves a page; every
+    step's phases are timed; the moving row's added time is split against
+    the control, and the split is written as markdown too."""
+    out = tmp_path / "out"
+    argv = ["--smoke", str(tiny_config), "--out", str(out), "--cases", "decode", "--modes", "none", "control",
+            "side-early-p2", "--alone-mb", "0"]
+    assert bench.main(argv) == 0
+    rows = {r["mode"]: r for r in csv.DictReader((out / "move_overlap.csv").open())}
+    control, moving = rows["control"], rows["side-early-p2"]
+    assert control["steps_moving"] == "0" and control["pool_moves"] == "0"  # not one page moved, setup included
+    assert control["tables_equal"] == "True" and int(moving["steps_moving"]) == 2
+    num = {m: {k: float(v) for k, v in r.items() if "_ms" in k and v} for m, r in rows.items()}
+    for m, r in num.items():
+        assert all(r[f"{p}_ms"] >= 0 for p in bench.PHASES), m
+        assert r["host_ms"] <= r["step_ms"], m  # each step's host phases lie inside its wall time
+    assert num["none"]["churn_ms"] < num["control"]["churn_ms"]  # none admits no resident
+    assert num["control"]["churn_added_ms"] == pytest.approx(num["control"]["step_ms"] - num["none"]["step_ms"])
+    m, c = num["side-early-p2"], num["control"]
+    assert m["step_vs_control_ms"] == pytest.approx(m["step_ms_moving"] - c["step_ms"])
+    assert m["compaction_host_ms"] == pytest.approx(m["commit_ms"] + m["flush_ms"] - c["commit_ms"] - c["flush_ms"])
+    assert m["forward_lost_ms"] == pytest.approx(m["forward_ms_moving"] - c["forward_ms"])
+    assert m["step_vs_control_ms"] == pytest.approx(m["compaction_host_ms"] + m["forward_lost_ms"] + m["rest_ms"])
+    assert "step_vs_control_ms" not in num["none"] and "churn_added_ms" not in num["side-early-p2"]
+    text = (out / "move_overlap.md").read_text()
+    assert "## decode" in text and "| control |" in text and "(b) compaction host" in text
+    assert f"| side-early-p2 | {m['step_ms_moving']:.3f} |" in text
+    assert bench.parse_mode("control") == bench.Mode("control", side=True, churn=True, early=True, flush=False)
+
+
+def test_against_control_skips_cases_without_a_control(bench):
+    rows = [{"case": "decode", "mode": "none", "status": "ok", "step_ms": 10.0},
+            {"case": "decode", "mode": "side", "status": "ok", "step_ms": 12.0, "step_ms_moving": 12.0}]
+    bench.against_control(rows)
+    assert set(rows[1]) == {"case", "mode", "status", "step_ms", "step_ms_moving"}
+
+
+def test_streams_are_found_and_named_in_the_trace(bench):
+    """The forward's kernels and the moves are told apart by stream; the
+    trace's GPU rows are renamed after them."""
+    fwd = {"cat": "user_annotation", "ph": "X", "name": bench.FORWARD_RANGE, "ts": 100.0, "dur": 50.0}
+    launch = {"cat": "cuda_runtime", "ph": "X", "name": "cudaGraphLaunch", "ts": 110.0, "dur": 5.0,
+              "args": {"correlation": 1}}
+
+    def kernel(name, ts, stream, corr):
+        return {"cat": "kernel", "ph": "X", "name": name, "ts": ts, "dur": 10.0, "pid": 0, "tid": stream,
+                "args": {"correlation": corr, "stream": stream, "grid": [1, 1, 1]}}
+
+    old_name = {"ph": "M", "name": "thread_name", "pid": 0, "tid": 7, "args": {"name": "stream 7"}}
+    events = [fwd, launch, old_name, kernel("gemm", 200, 7, 1), kernel("_copy_rows_kernel", 195, 13, 2)]
+    got = bench.trace_summary(events)
+    assert json.loads(got["forward_streams"]) == [7] and json.loads(got["move_streams"]) == [13]
+    assert got["moves_off_forward_stream"] is True
+    bench.label_streams(events)
+    names = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert names == {7: "stream 7: forward", 13: "stream 13: page moves"}
+    same = [fwd, launch, kernel("gemm", 200, 7, 1), kernel("_copy_rows_kernel", 195, 7, 2)]
+    assert bench.trace_summary(same)["moves_off_forward_stream"] is False
+
+
+def test_trace_problems_name_a_step_that_moved_nothing_or_on_the_forward_stream(bench, capsys):
+    ok = {"case": "decode", "mode": "side-early", "status": "ok", "trace_step_moves": 3,
+          "moves_off_forward_stream": True}
+    rows = [{"case": "decode", "mode": "control", "status": "ok", "trace_step_moves": 0}, ok,
+            {**ok, "mode": "side-p4", "trace_step_moves": 0},
+            {**ok, "mode": "side-early-p4", "moves_off_forward_stream": False},
+            {"case": "alone", "mode": "p4", "status": "ok"}]
+    assert bench.trace_problems(rows) == ["decode side-p4: the traced step moved no page",
+                                          "decode side-early-p4: the moves ran on the forward's stream, "
+                                          "or no move kernel was traced"]
+    assert "traces/decode_side-early.json.gz" in capsys.readouterr().out
+
+
+def test_trace_needs_cuda(bench, tiny_config, tmp_path, capsys):
+    """--trace shows streams: on a CPU it is refused in one line naming CUDA, nothing written."""
+    assert bench.main(["--smoke", str(tiny_config), "--out", str(tmp_path / "out"), "--trace"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--trace needs a CUDA device" in err[0]
+    assert not (tmp_path / "out").exists()
