@@ -76,14 +76,24 @@ from bench_real_decode import PS, Case
 from profile_coverage import check, config_file
 
 FIT = {"decode": ([1, 2, 4, 8, 16, 32, 64, 128, 256], [512, 2048, 8192, 32768]),
-       "prefill": ([128, 256, 512, 1024, 2048, 4096, 8192], [0, 2048, 8192, 32768]),
-       "mixed": ([256, 512, 1024, 2048, 4096, 8192], [1, 4, 16, 64, 256])}
+       "prefill": ([16, 64, 128, 256, 512, 1024, 2048, 4096, 8192], [0, 2048, 8192, 32768]),
+       "mixed": ([64, 256, 512, 1024, 2048, 4096, 8192], [1, 4, 16, 64, 256])}
 HELDOUT = {"decode": ([3, 12, 48, 192], [1024, 4096, 16384]),
-           "prefill": ([384, 1536, 6144], [1024, 4096, 16384]),
-           "mixed": ([384, 1536, 6144], [2, 8, 32, 128])}
+           "prefill": ([32, 384, 1536, 6144], [1024, 4096, 16384]),
+           "mixed": ([128, 384, 1536, 6144], [2, 8, 32, 128])}
 """The grids: batch and chunk axes double (MoE expert touch and the host-bound
 small chunks bend between points a factor 4 apart); held-out points lie at
-the geometric middle of fitted cells."""
+the geometric middle of fitted cells. The small prefill and mixed rows (16,
+64; held out 32, 128) cover the packed steps of a few dozen tokens that a
+chat trace's arrivals make (azure_conv: steps of 48-256 tokens, whose time
+the profiles of 2026-12-02 could only bound from the decode grid); every
+row pads to its own bucket of `PACKED_BUCKETS` in every column, as
+`sim.profile.StepProfile` requires of a profile measured with
+--prefill-graphs."""
+SMOKE_FIT = {"decode": ([1, 2], [16, 40]), "prefill": ([16, 32], [0, 24]), "mixed": ([16, 32], [1, 2])}
+SMOKE_HELDOUT = {"decode": ([1, 2], [24, 32]), "prefill": ([24, 48], [8, 16]), "mixed": ([24, 48], [1, 2])}
+"""--smoke's grids (the CPU, a tiny config): chunks that pad to distinct
+buckets too (16, 32, 48, 64)."""
 STATE_FIT = {"decode": FIT["decode"],
              "prefill": ([128, 256, 512, 1024, 2048, 4096], [0, 8192, 32768]),
              "mixed": ([256, 1024, 4096], [1, 4, 16, 64, 256])}
@@ -494,8 +504,8 @@ def _smoke(args) -> tuple[Path, str]:
 
     config_json = args.smoke.resolve()
     brd.DEVICE, dtype = "cpu", "bf16" if load_model(str(config_json)).state_bytes else "fp32"
-    FIT.update(decode=([1, 2], [16, 40]), prefill=([8, 16], [0, 24]), mixed=([8, 16], [1, 2]))
-    HELDOUT.update(decode=([1, 2], [24, 32]), prefill=([12, 16], [8, 16]), mixed=([12, 16], [1, 2]))
+    FIT.update(SMOKE_FIT)
+    HELDOUT.update(SMOKE_HELDOUT)
     STATE_FIT.update(FIT)
     STATE_HELDOUT.update(HELDOUT)
     args.mixed_context = min(args.mixed_context, 32)

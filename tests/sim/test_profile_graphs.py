@@ -70,3 +70,25 @@ def test_a_packed_point_runs_through_the_buckets_up_to_the_largest(tiny, monkeyp
         assert picks and all(p is not None and len(p) == decoders + 1 for p in picks)
     else:
         assert picks == []
+
+
+def test_every_grid_the_script_measures_loads_as_a_padded_profile(tiny):
+    """A profile measured with --prefill-graphs lists the buckets and is read
+    at each step's bucket size; `StepProfile` refuses one whose rows pad to
+    one bucket. The script's fitted, held-out and smoke grids all load."""
+    from unikv.sim.profile import GRIDS, StepProfile
+    from unikv.sim.real.packed_graphs import PACKED_BUCKETS
+
+    profile_model = tiny[0]
+    provenance = dict.fromkeys(("gpu_name", "driver", "torch", "triton", "date", "command", "git_revision"), "x")
+    for grids in (profile_model.FIT, profile_model.HELDOUT, profile_model.SMOKE_FIT, profile_model.SMOKE_HELDOUT):
+        data = {"format": "unikv-step-profile", "version": 1, "model": "m", "gpu": "h200", "provenance": provenance,
+                "non_forward_s": 1e-3, "packed_buckets": list(PACKED_BUCKETS)}
+        for name, (rows, cols) in grids.items():
+            data[name] = {GRIDS[name][0]: rows, GRIDS[name][1]: cols,
+                          "forward_s": [[1e-3 * (1 + r) * (1 + c) ** 0.1 for c in cols] for r in rows]}
+        data["mixed"]["context_tokens"] = 2048
+        prof = StepProfile.from_dict(data)
+        assert prof.packed_buckets == PACKED_BUCKETS
+    with pytest.raises(ValueError, match="two rows pad to one bucket"):
+        StepProfile.from_dict(data | {"prefill": {**data["prefill"], "chunk_tokens": [17, 20]}})

@@ -68,7 +68,7 @@ def test_the_smoke_profile_is_written_per_chunk_and_loads(smoke):
         assert "StateBinder" in prof.provenance["method"] and "no prefix cache, eager decode" in \
             prof.provenance["non_forward_method"]
         assert prof.non_forward_s > 0 and "decode-only steps None" not in prof.provenance["non_forward_method"]
-    assert fit.prefill.rows == (8, 16) and fit.decode.cols == (16, 40) and held.mixed.rows == (12, 16)
+    assert fit.prefill.rows == (16, 32) and fit.decode.cols == (16, 40) and held.mixed.rows == (24, 48)
     assert all(t > 0 for grid in (fit.prefill, fit.decode, fit.mixed) for row in grid.forward_s for t in row)
     assert log.count(" ms (reps ") == 2 * 12  # every point of both files measured
     accuracy = importlib.util.spec_from_file_location("profile_accuracy", ROOT / "benchmarks" / "profile_accuracy.py")
