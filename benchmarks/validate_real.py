@@ -151,8 +151,10 @@ def run_compare(out: Path, selected) -> int:
         "| --- | ---: | ---: | --- | --- |\n" + "\n".join(lines) + "\n")
     (out / "steps.md").write_text(
         "Median step time in ms, real / cost (steps), by kind of step: decode only; with a prefill chunk "
-        "under 1,024 tokens; with a larger chunk.\n\n"
-        "| cell | decode only | small chunk | large chunk |\n| --- | ---: | ---: | ---: |\n"
+        "under 1,024 tokens; with a larger chunk. Slow decode steps: decode-only steps slower than "
+        f"{OUTLIER:g}x their run's median, real / cost (the slowest, ms).\n\n"
+        "| cell | decode only | small chunk | large chunk | slow decode steps |\n"
+        "| --- | ---: | ---: | ---: | ---: |\n"
         + "\n".join(step_lines) + "\n")
     print((out / "validation.md").read_text())
     print((out / "timeline.md").read_text())
@@ -182,8 +184,15 @@ def timeline_line(name: str, real, cost) -> str:
             f"{'yes' if d == 0 else f'NO ({d} steps differ)'} | {'yes' if t == 0 else f'{t} steps differ'} |")
 
 
+OUTLIER = 5.0
+"""A decode-only step slower than OUTLIER x its run's median decode-only step
+is counted apart in `steps.md` (a compile or a stall on the real clock)."""
+
+
 def step_line(name: str, real, cost) -> str:
-    """The median step time of each kind of step in both runs."""
+    """The median step time of each kind of step in both runs, then the
+    decode-only steps slower than OUTLIER x their run's median (count and
+    the slowest, ms)."""
     kinds = (lambda d: d.prefill_tokens == 0, lambda d: (d.prefill_tokens > 0) & (d.prefill_tokens < 1024),
              lambda d: d.prefill_tokens >= 1024)
     cells = []
@@ -191,7 +200,12 @@ def step_line(name: str, real, cost) -> str:
         a, b = real[pick(real)].step_time_s, cost[pick(cost)].step_time_s
         cells.append(f"{1e3 * a.median():.1f} / {1e3 * b.median():.1f} ({len(a)} / {len(b)})" if len(a) and len(b)
                      else "-")
-    return f"| {name} | " + " | ".join(cells) + " |"
+    slow = []
+    for run in (real, cost):
+        decode = run[run.prefill_tokens == 0].step_time_s
+        out = decode[decode > OUTLIER * decode.median()] if len(decode) else decode
+        slow.append(f"{len(out)}" + (f" ({1e3 * out.max():.0f})" if len(out) else ""))
+    return f"| {name} | " + " | ".join(cells) + " | " + " / ".join(slow) + " |"
 
 
 def figure(frame, path: Path) -> None:
