@@ -293,8 +293,8 @@ def warm_up_moves(pool, device: str) -> list[int]:
     baseline's fixed split, the oracle, vLLM's block pool).
 
     Why: the validation's real replays (results/validation/h200) had decode
-    steps of 99-414 ms where a run first moved pages, and none in the
-    layouts that move none; the warm-up had run no move.
+    steps of 99-414 ms, all of them early among the steps that moved pages,
+    and none in the layouts that move none; the warm-up had run no move.
 
     Raises:
         RuntimeError: the scratch pool fails its own `verify()`.
