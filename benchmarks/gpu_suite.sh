@@ -6,7 +6,15 @@
 #           the real executor) and a real replay of a bundled trace slice;
 #   check   benchmarks/real_check.py (real size, bf16, against transformers);
 #   bench   benchmarks/bench_real_decode.py (uncompiled and compiled) and
-#           benchmarks/bench_attention.py.
+#           benchmarks/bench_attention.py;
+#   overlap benchmarks/bench_move_overlap.py --trace: the side-stream split
+#           against the control (docs/real_executor.md, the number that
+#           decides issue 16's side-stream target);
+#   validate benchmarks/validate_real.py real --compiled --prefill-graphs
+#           (the 12 validation cells; then `validate_real.py compare` on
+#           the CPU, results/validation/h200/README.md);
+#   profiles benchmarks/profile_model.py --compiled --prefill-graphs for
+#           the bundled profiled models (about 200-270 s each).
 # Logs and outputs go to $OUT (default results/real/h200).
 #
 #   bash benchmarks/gpu_suite.sh tests check    # one device call
@@ -53,8 +61,23 @@ for part in "$@"; do
         python3 -P benchmarks/bench_real_decode.py --compile --out "$out/decode.csv" 2>&1 | tee "$out/decode.log"
         python3 -P benchmarks/bench_attention.py --out "$out/attention.csv" 2>&1 | tee "$out/attention.log"
         ;;
+    overlap)
+        python3 -P benchmarks/bench_move_overlap.py --trace --modes none control side-early side same \
+            --steps 30 --warm 3 --out "$out/move_split" 2>&1 | tee "$out/move_split.log"
+        ;;
+    validate)
+        python3 benchmarks/validate_real.py real --compiled --prefill-graphs --out "$out/validation" 2>&1 \
+            | tee "$out/validate_real.log"
+        ;;
+    profiles)
+        for model in gemma-3-12b gpt-oss-20b llama-3.1-8b; do
+            python3 benchmarks/profile_model.py --model "$model" --gpu h200 --reps 5 --compiled --prefill-graphs \
+                --out "$out/profiles/${model}__h200.json" --heldout "$out/profiles/${model}__h200_heldout.json" \
+                --revision "$(cat REVISION 2>/dev/null || echo unknown)" 2>&1 | tee "$out/${model}_profile.log"
+        done
+        ;;
     *)
-        echo "error: unknown part $part (tests, check, bench)" >&2
+        echo "error: unknown part $part (tests, check, bench, overlap, validate, profiles)" >&2
         exit 2
         ;;
     esac
