@@ -12,6 +12,16 @@ import pandas as pd
 PROBE = str(Path(__file__).resolve().parents[2] / "bad_input")  # cli_probe
 
 
+def replay_args(model: Path, context: int, budget_gib: str, dtype: str = "fp32", *extra: str) -> list:
+    """A small replay's arguments (no `--out`): the first 6 azure_conv
+    requests clipped to `context` tokens, `model`'s config.json, KV in
+    `dtype` within `budget_gib`, pages of 4 tokens, no oracle, no figures;
+    `extra` options after them."""
+    return ["replay", "--trace", "azure_conv", "--max-requests", "6", "--max-context-tokens", str(context),
+            "--model", model, "--kv-cache-dtype", dtype, "--kv-budget-gib", budget_gib, "--page-size", "4",
+            "--oversize", "reject", "--no-oracle", "--no-figures", "-q", *extra]
+
+
 def real_and_cost_replays(tmp_path: Path, common: list, real_flags: list) -> tuple[dict, dict]:
     """`unikv` with `common` (a replay's arguments, no `--out`) and `real_flags`
     (`--executor real --real-clock cost`, ...) into `tmp_path / "real"`, and

@@ -197,17 +197,18 @@ def test_local_weights_load_onto_the_meta_built_model(tmp_path, one_thread, name
     assert not torch.equal(build_model(path, seed=0)(input_ids=ids).logits, loaded(input_ids=ids).logits)
 
 
-def llama_config(tmp_path) -> Path:
-    """The trimmed Llama config as a model folder's config.json, for the CLI
-    (`cli_probe`, in tests/bad_input, made importable)."""
+def model_config(tmp_path, name: str = "llama") -> Path:
+    """The trimmed config of `name` (CONFIGS) as a model folder's
+    config.json, for the CLI (`cli_probe`, in tests/bad_input, made
+    importable)."""
     import sys
 
     probe = str(Path(__file__).resolve().parents[2] / "bad_input")
     if probe not in sys.path:
         sys.path.insert(0, probe)
-    path = tmp_path / "llama" / "config.json"
+    path = tmp_path / name / "config.json"
     path.parent.mkdir()
-    path.write_text(json.dumps(trimmed("llama")))
+    path.write_text(json.dumps(trimmed(name)))
     return path
 
 
@@ -216,12 +217,9 @@ def test_a_real_replay_of_a_bundled_slice_writes_the_cost_replays_tables(tmp_pat
     files; with the cost clock its steps and requests equal a cost-model
     replay's, step for step (same boundaries, same memory decisions), and
     its summary holds the cost replay's columns plus the executor's."""
-    from tests.sim.real.replays import real_and_cost_replays
+    from tests.sim.real.replays import real_and_cost_replays, replay_args
 
-    path = llama_config(tmp_path)
-    common = ["replay", "--trace", "azure_conv", "--max-requests", "6", "--max-context-tokens", "40",
-              "--model", path, "--kv-cache-dtype", "fp32", "--kv-budget-gib", "0.00004", "--page-size", "4",
-              "--oversize", "reject", "--no-oracle", "--no-figures", "-q"]
+    common = replay_args(model_config(tmp_path), 40, "0.00004")
     got, want = real_and_cost_replays(tmp_path, common, ["--executor", "real", "--real-clock", "cost"])
     assert set(want["summary"]) < set(got["summary"])
     assert got["summary"]["executor"] == "real" and got["summary"]["real_steps"] == len(
@@ -234,7 +232,7 @@ def test_a_measured_real_replay_is_not_scored_against_the_cost_clocks_oracle(tmp
     """The oracle runs on the cost model's clock: against a replay on the
     measured clock its mean running requests are not comparable, so the
     replay runs no oracle and prints no efficiency; on the cost clock it does."""
-    path = llama_config(tmp_path)  # makes cli_probe importable
+    path = model_config(tmp_path)  # makes cli_probe importable
     from cli_probe import run_cli
 
     common = ["replay", "--trace", "azure_conv", "--max-requests", "3", "--max-context-tokens", "24",
@@ -300,15 +298,13 @@ def test_a_compiled_decode_replay_fuses_the_projections_and_keeps_the_cost_repla
     """`--decode-graphs --compile-decode`: every layer's q/k/v and gate/up run
     fused (the summary counts them), the decode buckets compile without a
     failure, and the tables still equal a cost-model replay's."""
-    from tests.sim.real.replays import real_and_cost_replays
+    from tests.sim.real.replays import real_and_cost_replays, replay_args
 
     # inductor's C++ build takes about a minute on 2 CPU cores; dynamo + AOTAutograd trace the same graphs
     monkeypatch.setattr(real_executor, "COMPILE_BACKEND", "aot_eager")
-    path = llama_config(tmp_path)
+    path = model_config(tmp_path)
     layers = json.loads(path.read_text())["num_hidden_layers"]
-    common = ["replay", "--trace", "azure_conv", "--max-requests", "6", "--max-context-tokens", "200",
-              "--model", path, "--kv-cache-dtype", "fp32", "--kv-budget-gib", "0.0004", "--page-size", "4",
-              "--oversize", "reject", "--no-oracle", "--no-figures", "-q"]
+    common = replay_args(path, 200, "0.0004")
     got, _ = real_and_cost_replays(tmp_path, common, ["--executor", "real", "--real-clock", "cost",
                                                       "--decode-graphs", "--compile-decode"])
     summary = got["summary"]

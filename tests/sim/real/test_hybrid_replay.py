@@ -222,12 +222,9 @@ def test_unikv_replay_of_a_bundled_slice_with_a_hybrid_writes_the_cost_replays_t
     keeps them) writes the usual files; with the cost clock its steps and
     requests equal a cost-model replay's, and its summary holds the cost
     replay's columns plus the executor's, the state binding's time included."""
-    from tests.sim.real.replays import real_and_cost_replays
+    from tests.sim.real.replays import real_and_cost_replays, replay_args
 
-    path = config_file(tmp_path)
-    common = ["replay", "--trace", "azure_conv", "--max-requests", "6", "--max-context-tokens", "40",
-              "--model", path, "--kv-cache-dtype", "bf16", "--no-prefix-cache", "--kv-budget-gib", "0.0001",
-              "--page-size", "4", "--oversize", "reject", "--no-oracle", "--no-figures", "-q"]
+    common = replay_args(config_file(tmp_path), 40, "0.0001", "bf16", "--no-prefix-cache")
     real, cost = real_and_cost_replays(tmp_path, common,
                                        ["--executor", "real", "--dtype", "bf16", "--real-clock", "cost"])
     got, want = real["summary"], cost["summary"]

@@ -20,7 +20,13 @@ from unikv.sim.real import executor as real_executor  # noqa: E402
 from unikv.sim.real.prefill import CompiledPrefill, sink_step  # noqa: E402
 from unikv.sim.run import run  # noqa: E402
 
-from tests.sim.real.test_executor import assert_transformers_tokens, lockstep_build, trace, trimmed  # noqa: E402
+from tests.sim.real.test_executor import (  # noqa: E402
+    assert_transformers_tokens,
+    lockstep_build,
+    model_config,
+    trace,
+    trimmed,
+)
 from tests.sim.real.test_graphs import PS, pool_and_views  # noqa: E402
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -185,15 +191,10 @@ def test_a_cli_replay_with_compiled_steps_writes_the_cost_replays_tables(tmp_pat
     --compile-prefill` (cost clock) writes the usual files, its steps and
     requests equal a cost-model replay's, and its summary says which steps
     ran compiled."""
-    from tests.sim.real.replays import real_and_cost_replays
+    from tests.sim.real.replays import real_and_cost_replays, replay_args
 
     monkeypatch.setattr(real_executor, "COMPILE_BACKEND", "aot_eager")
-    path = tmp_path / "gemma3" / "config.json"
-    path.parent.mkdir()
-    path.write_text(json.dumps(trimmed("gemma3")))
-    common = ["replay", "--trace", "azure_conv", "--max-requests", "6", "--max-context-tokens", "100",
-              "--model", path, "--kv-cache-dtype", "fp32", "--kv-budget-gib", "0.0004", "--page-size", "4",
-              "--oversize", "reject", "--no-oracle", "--no-figures", "-q"]
+    common = replay_args(model_config(tmp_path, "gemma3"), 100, "0.0004")
     got, _ = real_and_cost_replays(tmp_path, common, ["--executor", "real", "--real-clock", "cost", "--decode-graphs",
                                                       "--compile-decode", "--compile-prefill"])
     s = got["summary"]
