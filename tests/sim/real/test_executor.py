@@ -268,6 +268,24 @@ def test_a_layout_that_folds_the_window_layers_into_the_full_band(tmp_path, monk
     assert_transformers_tokens(res, ex)
 
 
+def warming(build, record, prepare=None):
+    """`build` (`build_real_executor`) wrapped as a CUDA run's start-up: the
+    executor handed to `prepare` (if any), warmed up, checked to have
+    written nothing past the pool's sink, then handed to `record`."""
+    def warmed(config, memory, *a, **k):
+        ex = build(config, memory, *a, **k)
+        before = memory.pool.buffer.copy()
+        if prepare is not None:
+            prepare(ex)
+        ex.warm_up(config.scheduler.max_running)
+        sink = memory.pool.layout.sink_bytes
+        assert (memory.pool.buffer[sink:] == before[sink:]).all()  # nothing past the sink written
+        record(ex)
+        return ex
+
+    return warmed
+
+
 def test_the_warm_up_touches_only_the_sink_and_builds_every_bucket_first(tmp_path, monkeypatch, one_thread):
     """`RealExecutor.warm_up` (what a CUDA run does before its clock starts):
     one forward into the sink and every decode bucket up to the running
@@ -276,17 +294,8 @@ def test_the_warm_up_touches_only_the_sink_and_builds_every_bucket_first(tmp_pat
     build = real_executor.build_real_executor  # before replay() wraps it (the wrapper returns its run's executor)
     plain, plain_ex, _ = replay(tmp_path / "plain", monkeypatch, "gpt_oss", "lazy", 0.00003, graphs=True)
     seen = {}
-
-    def warmed(config, memory, *a, **k):
-        ex = build(config, memory, *a, **k)
-        before = memory.pool.buffer.copy()
-        ex.warm_up(config.scheduler.max_running)
-        sink = memory.pool.layout.sink_bytes
-        assert (memory.pool.buffer[sink:] == before[sink:]).all()  # nothing past the sink written
-        seen["buckets"] = ex.graphs.stats()["buckets"]
-        return ex
-
-    monkeypatch.setattr(real_executor, "build_real_executor", warmed)
+    monkeypatch.setattr(real_executor, "build_real_executor",
+                        warming(build, lambda ex: seen.update(buckets=ex.graphs.stats()["buckets"])))
     got, ex, _ = replay(tmp_path / "warm", monkeypatch, "gpt_oss", "lazy", 0.00003, graphs=True)
     assert seen["buckets"] == [1, 2, 4, 8, 16]  # the cap is 16 running requests
     assert ex is not plain_ex and ex.generated == plain_ex.generated

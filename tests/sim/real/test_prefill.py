@@ -26,6 +26,7 @@ from tests.sim.real.test_executor import (  # noqa: E402
     model_config,
     trace,
     trimmed,
+    warming,
 )
 from tests.sim.real.test_graphs import PS, pool_and_views  # noqa: E402
 
@@ -213,17 +214,7 @@ def test_after_the_executors_warm_up_no_step_compiles(tmp_path, monkeypatch, one
     plain, plain_ex = compiled_replay(tmp_path / "plain", monkeypatch, "gemma3", 0.00004, "cpu", "aot_eager")
     torch._dynamo.reset()
     seen = {}
-
-    def warmed(config, memory, *a, **k):
-        ex = build(config, memory, *a, **k)
-        before = memory.pool.buffer.copy()
-        ex.warm_up(config.scheduler.max_running)
-        sink = memory.pool.layout.sink_bytes
-        assert (memory.pool.buffer[sink:] == before[sink:]).all()  # nothing past the sink written
-        seen.update(ex.prefill.stats())
-        return ex
-
-    monkeypatch.setattr(real_executor, "build_real_executor", warmed)
+    monkeypatch.setattr(real_executor, "build_real_executor", warming(build, lambda ex: seen.update(ex.prefill.stats())))
     got, ex = compiled_replay(tmp_path / "warm", monkeypatch, "gemma3", 0.00004, "cpu", "aot_eager")
     assert seen["compiles"] == 2 and seen["graphs"] == 4  # two layer kinds: many tokens, one token
     s = got.summary
