@@ -170,7 +170,7 @@ class StepProfile:
     packed_buckets: tuple[int, ...] = ()
     path: Path | None = None
     # with packed_buckets: the prefill grid over its rows' bucket sizes, and per mixed column
-    # (batch b) the rows' bucket sizes less b with log1p of each (`_mixed_padded`)
+    # (batch b) the rows' bucket sizes less b with log1p of each (`_mixed_at`)
     _padded_prefill: Grid | None = field(default=None, init=False, repr=False, compare=False)
     _mixed_rows: tuple[tuple[tuple[float, ...], tuple[float, ...]], ...] = field(
         default=(), init=False, repr=False, compare=False)
@@ -205,11 +205,17 @@ class StepProfile:
             return tokens
         return buckets[bisect.bisect_left(buckets, tokens)]
 
+    def _prefill_cell(self, chunk: float) -> tuple[Grid, tuple[int, float, bool]]:
+        """The prefill grid to read (over its rows' bucket sizes with packed
+        buckets) and the chunk's cell on its rows, the chunk at its bucket's
+        size: `grid.at_row(cell, cached)` is the prefill at (chunk, cached)."""
+        grid = self.prefill if self._padded_prefill is None else self._padded_prefill
+        return grid, grid.row_cell(self.padded(chunk))
+
     def _prefill_at(self, chunk: float, cached: float) -> tuple[float, bool]:
         """The prefill grid at (chunk, cached), the chunk at its bucket's size."""
-        if self._padded_prefill is None:
-            return self.prefill(chunk, cached)
-        return self._padded_prefill(self.padded(chunk), cached)
+        grid, cell = self._prefill_cell(chunk)
+        return grid.at_row(cell, cached)
 
     def _mixed_at(self, chunk: float, batch: float) -> tuple[float, bool]:
         """The mixed grid at (chunk, batch), read per column (b decoders)
@@ -318,8 +324,9 @@ class StepProfile:
         if chunk_tokens == 0:
             return self.decode(batch, context_tokens)
         base, out_m = self._mixed_at(chunk_tokens, batch)
-        pre, out_p = self._prefill_at(chunk_tokens, cached_tokens)
-        pre0, out_0 = self._prefill_at(chunk_tokens, 0)
+        prefill, cell = self._prefill_cell(chunk_tokens)  # one row lookup for both contexts
+        pre, out_p = prefill.at_row(cell, cached_tokens)
+        pre0, out_0 = prefill.at_row(cell, 0)
         dec, out_d = self.decode(batch, context_tokens)
         dec0, out_r = self.decode(batch, self.mixed_context_tokens)
         total = base + (pre - pre0) + (dec - dec0)

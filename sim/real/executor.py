@@ -321,9 +321,13 @@ def warm_up_moves(pool, device: str) -> list[int]:
         for first in (0, 1):  # every other one in one free per band, flushed (the moves counted); then the rest
             for band in (None, *states):
                 ids = [i for b, i in held[first::2] if b == band and i is not None]
-                if ids:  # ids as alloc gave them: host arrays or device tensors
-                    ids = torch.cat(ids) if isinstance(ids[0], torch.Tensor) else np.concatenate(ids)
-                    scratch.free(ids) if band is None else scratch.free_state(band, ids)
+                if not ids:
+                    continue
+                ids = torch.cat(ids) if isinstance(ids[0], torch.Tensor) else np.concatenate(ids)  # as alloc gave
+                if band is None:
+                    scratch.free(ids)
+                else:
+                    scratch.free_state(band, ids)
             scratch.flush(urgent=True)
             if first == 0:
                 moves.append(scratch.stats()["moves"] - before)
