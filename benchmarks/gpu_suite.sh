@@ -14,7 +14,9 @@
 #           (the 12 validation cells; then `validate_real.py compare` on
 #           the CPU, results/validation/h200/README.md);
 #   profiles benchmarks/profile_model.py --compiled --prefill-graphs for
-#           the bundled profiled models (about 200-270 s each).
+#           the bundled profiled models (about 200-270 s each; MODELS
+#           names a subset, e.g. MODELS="gemma-3-12b gpt-oss-20b", to fit
+#           a device call's 600 s).
 # Logs and outputs go to $OUT (default results/real/h200).
 #
 #   bash benchmarks/gpu_suite.sh tests check    # one device call
@@ -70,7 +72,7 @@ for part in "$@"; do
             | tee "$out/validate_real.log"
         ;;
     profiles)
-        for model in gemma-3-12b gpt-oss-20b llama-3.1-8b; do
+        for model in ${MODELS:-gemma-3-12b gpt-oss-20b llama-3.1-8b}; do
             python3 benchmarks/profile_model.py --model "$model" --gpu h200 --reps 5 --compiled --prefill-graphs \
                 --out "$out/profiles/${model}__h200.json" --heldout "$out/profiles/${model}__h200_heldout.json" \
                 --revision "$(cat REVISION 2>/dev/null || echo unknown)" 2>&1 | tee "$out/${model}_profile.log"
