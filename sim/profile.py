@@ -215,7 +215,7 @@ class StepProfile:
     def _prefill_at(self, chunk: float, cached: float) -> tuple[float, bool]:
         """The prefill grid at (chunk, cached), the chunk at its bucket's size."""
         grid, cell = self._prefill_cell(chunk)
-        return grid.at_row(cell, cached)
+        return _at_cached(grid, cell, cached)
 
     def _mixed_at(self, chunk: float, batch: float) -> tuple[float, bool]:
         """The mixed grid at (chunk, batch), read per column (b decoders)
@@ -325,7 +325,7 @@ class StepProfile:
             return self.decode(batch, context_tokens)
         base, out_m = self._mixed_at(chunk_tokens, batch)
         prefill, cell = self._prefill_cell(chunk_tokens)  # one row lookup for both contexts
-        pre, out_p = prefill.at_row(cell, cached_tokens)
+        pre, out_p = _at_cached(prefill, cell, cached_tokens)
         pre0, out_0 = prefill.at_row(cell, 0)
         dec, out_d = self.decode(batch, context_tokens)
         dec0, out_r = self.decode(batch, self.mixed_context_tokens)
@@ -492,12 +492,34 @@ def profile_path(model: str, gpu: str, profiles_dir: Path | None = None) -> Path
 def effective_cached_tokens(prefill: Sequence[tuple[int, int]]) -> tuple[int, float]:
     """(chunk tokens C, cached tokens p) of one chunk attending as many
     (query, key) pairs as the step's chunks do together:
-    C p + C (C + 1) / 2 = sum of c_i p_i + c_i (c_i + 1) / 2 (p >= 0)."""
+    C p + C (C + 1) / 2 = sum of c_i p_i + c_i (c_i + 1) / 2.
+
+    p < 0 where the chunks attend fewer pairs than one causal chunk of C
+    tokens would: several requests' prompts packed into one step, each
+    attending only its own tokens (down to -(C - 1) / 2, C one-token
+    chunks). The prefill grid reads such a p along its first column cell
+    (`_at_cached`)."""
     chunk = sum(c for c, _ in prefill)
     if chunk == 0:
         return 0, 0.0
     pairs = sum(c * p + c * (c + 1) / 2 for c, p in prefill)
-    return chunk, max(0.0, (pairs - chunk * (chunk + 1) / 2) / chunk)
+    return chunk, (pairs - chunk * (chunk + 1) / 2) / chunk
+
+
+def _at_cached(grid: Grid, cell: tuple[int, float, bool], cached: float) -> tuple[float, bool]:
+    """The prefill grid at (its row `cell`, `cached` tokens), `cached` < 0
+    (fewer pairs than one causal chunk, `effective_cached_tokens`) read on
+    the line through the first two columns: a chunk's attention is affine
+    in its (query, key) pairs, as the grid's linear cached axis has it. The
+    slope is kept >= 0 (fewer pairs never cost more) and the point is not
+    flagged: it lies between measured cells' pair counts, not beyond them."""
+    if cached >= 0:
+        return grid.at_row(cell, cached)
+    c0, c1 = grid.cols[:2]
+    (at_0, out_0), (at_1, out_1) = grid.at_row(cell, c0), grid.at_row(cell, c1)
+    slope = max(at_1 - at_0, 0.0) / (c1 - c0)
+    # a grid whose cached axis starts above 0 was not measured there: flagged
+    return max(at_0 + slope * (cached - c0), 0.0), out_0 or out_1 or c0 > 0
 
 
 class ProfileStepCost:

@@ -116,6 +116,29 @@ def test_several_chunks_become_one_attending_as_many_pairs():
     assert effective_cached_tokens([]) == (0, 0.0)
 
 
+def test_packed_prompts_attending_fewer_pairs_than_one_chunk_read_the_cached_axis_below_0():
+    # two prompts packed into one 4,096-token step attend 768 x 4,096 pairs fewer than one causal chunk
+    chunks = ((3072, 0), (1024, 0))
+    chunk, cached = effective_cached_tokens(chunks)
+    assert (chunk, cached) == (4096, -768.0)
+    assert chunk * cached + chunk * 4097 / 2 == pytest.approx(3072 * 3073 / 2 + 1024 * 1025 / 2)
+    assert effective_cached_tokens([(1, 0)] * 8) == (8, -3.5)  # one-token chunks: the fewest pairs, C
+    prof = StepProfile.from_dict(make())
+    # power_prefill is affine in the cached tokens: the line through the first two columns is exact
+    got, outside = prof.step_forward_s(chunks, 0, 0)
+    assert got == pytest.approx(power_prefill(4096, -768), rel=1e-12) and not outside
+    assert got < power_prefill(4096, 0)
+    mixed, outside = prof.step_forward_s(chunks, 64, 1024)  # the chunk's context effect, now negative, is added
+    assert mixed == pytest.approx(power_mixed(4096, 64) + power_prefill(4096, -768) - power_prefill(4096, 0),
+                                  rel=1e-12) and not outside
+    # a first column cell that falls (noise) never makes fewer pairs cost more: the slope is kept >= 0
+    falling = StepProfile.from_dict(make(prefill=lambda c, p: power_prefill(c, 0) * (1.2 if p == 0 else 1.0)))
+    assert falling.step_forward_s(chunks, 0, 0)[0] == pytest.approx(1.2 * power_prefill(4096, 0), rel=1e-12)
+    # a cached axis that starts above 0 was not measured there: flagged
+    above = StepProfile.from_dict(make(cached=(512, 1024, 8192, 65536)))
+    assert above.step_forward_s(chunks, 0, 0)[1]
+
+
 def test_a_per_chunk_profile_adds_each_further_chunk_as_its_own_forward():
     packed, per_chunk = StepProfile.from_dict(make()), StepProfile.from_dict(make() | {"step_forwards": "per_chunk"})
     assert (packed.step_forwards, per_chunk.step_forwards) == ("packed", "per_chunk")
