@@ -511,8 +511,12 @@ def _at_cached(grid: Grid, cell: tuple[int, float, bool], cached: float) -> tupl
     (fewer pairs than one causal chunk, `effective_cached_tokens`) read on
     the line through the first two columns: a chunk's attention is affine
     in its (query, key) pairs, as the grid's linear cached axis has it. The
-    slope is kept >= 0 (fewer pairs never cost more) and the point is not
-    flagged: it lies between measured cells' pair counts, not beyond them."""
+    slope is kept >= 0 (fewer pairs never cost more). Such a point lies
+    below the measured pair counts, but only by the chunk's own causal
+    pairs (at most C (C - 1) / 2 fewer, one pair per token left) on a
+    measured row, along the attention's own affine cost, so it is not
+    flagged as extrapolated: flagging it would mark every step that packs
+    two prompts."""
     if cached >= 0:
         return grid.at_row(cell, cached)
     c0, c1 = grid.cols[:2]
