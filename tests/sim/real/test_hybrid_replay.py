@@ -75,12 +75,13 @@ def config_file(tmp_path: Path, name: str = "nemotron_h") -> Path:
     return path
 
 
-def trace() -> pd.DataFrame:
-    """18 requests, one every 2 ms, no prefix hashes (the real executor
-    refuses prefix caching for recurrent models)."""
+def trace(n: int = N, outputs: tuple[int, int] = (2, 12), every_s: float = 0.002) -> pd.DataFrame:
+    """`n` requests (prompts 5-39 tokens, outputs in `outputs`), one every
+    `every_s`, no prefix hashes (the real executor refuses prefix caching
+    for recurrent models)."""
     rng = np.random.default_rng(1)
-    return pd.DataFrame({"arrival_s": np.arange(N) * 0.002, "prompt_tokens": rng.integers(5, 40, N),
-                         "output_tokens": rng.integers(2, 12, N)})
+    return pd.DataFrame({"arrival_s": np.arange(n) * every_s, "prompt_tokens": rng.integers(5, 40, n),
+                         "output_tokens": rng.integers(*outputs, n)})
 
 
 def fp32_conv(spec: ModelSpec) -> ModelSpec:
@@ -95,9 +96,13 @@ def fp32_conv(spec: ModelSpec) -> ModelSpec:
 
 
 def replay(tmp_path, monkeypatch, compaction: str, *, zero_state: bool = False, clock: str = "cost",
-           name: str = "nemotron_h", budget_gib: float = BUDGET_GIB, graphs: bool = False):
-    """Run the trace; returns (result, executor, generated counts at each
-    retraction, chunks that continued a prefill from its slot's state)."""
+           name: str = "nemotron_h", budget_gib: float = BUDGET_GIB, graphs: bool = False, on_build=None,
+           requests: pd.DataFrame | None = None, running: int = 16, prefill_tokens: int = 16):
+    """Run the trace (`requests`, default `trace()`) with at most `running`
+    requests and `prefill_tokens` prefill tokens a step; returns (result,
+    executor, generated counts at each retraction, chunks that continued a
+    prefill from its slot's state). `on_build`: called with the executor
+    once built."""
     load = sim_run.load_model
     monkeypatch.setattr(sim_run, "load_model", lambda *a, **k: fp32_conv(load(*a, **k)))
     built, retracted_at, continued = {}, [], []
@@ -108,6 +113,8 @@ def replay(tmp_path, monkeypatch, compaction: str, *, zero_state: bool = False, 
         if zero_state:  # the control: every forward starts from no state, as without the binder
             before = ex.binder.before
             ex.binder.before = lambda slots, fresh=False: before(slots, fresh=True)
+        if on_build is not None:
+            on_build(ex)
         return built.setdefault("ex", ex)
 
     monkeypatch.setattr(real_executor, "build_real_executor", building)
@@ -131,9 +138,10 @@ def replay(tmp_path, monkeypatch, compaction: str, *, zero_state: bool = False, 
                        executor="real", real_clock=clock, decode_graphs=graphs, kv_budget_gib=budget_gib,
                        page_size=4, layout="end_end",
                        compaction=compaction, check_every=1, scheduler=SchedulerConfig(
-                           max_running=16, prefill_tokens_per_step=16, reserve_init=0.0, reserve_min=0.0,
-                           reserve_decay=0.0, prefix_cache=False))
-    return sim_run.run(config, trace_df=trace()), built["ex"], retracted_at, continued
+                           max_running=running, prefill_tokens_per_step=prefill_tokens, reserve_init=0.0,
+                           reserve_min=0.0, reserve_decay=0.0, prefix_cache=False))
+    res = sim_run.run(config, trace_df=trace() if requests is None else requests)
+    return res, built["ex"], retracted_at, continued
 
 
 def lockstep_build(plan, pool, *args, **kwargs):
@@ -147,8 +155,11 @@ def lockstep_build(plan, pool, *args, **kwargs):
 
 
 def references(model, ex, requests: pd.DataFrame) -> dict[int, list[int]]:
-    """transformers' own greedy generation of each request alone (its own cache)."""
+    """transformers' own greedy generation of each request alone (its own
+    cache), past the eos token as the replay goes (no stop tokens: the
+    trace's output length ends a request)."""
     model.set_attn_implementation("eager")
+    eos, model.generation_config.eos_token_id = model.generation_config.eos_token_id, None
     out = {}
     with torch.inference_mode():
         for rid, prompt, n in zip(requests["rid"], requests["prompt_tokens"], requests["output_tokens"]):
@@ -156,6 +167,7 @@ def references(model, ex, requests: pd.DataFrame) -> dict[int, list[int]]:
             gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=int(n), do_sample=False,
                                  pad_token_id=0)
             out[int(rid)] = gen[0, ids.shape[1]:].tolist()
+    model.generation_config.eos_token_id = eos
     return out
 
 
@@ -204,16 +216,74 @@ def test_the_forward_timing_spans_every_sub_forward_of_a_step(tmp_path, monkeypa
     assert 0 < res.summary["real_state_share_of_forward"] < 1
 
 
-def test_decode_graphs_are_off_for_a_recurrent_model_and_the_summary_says_so(tmp_path, monkeypatch, one_thread):
-    """The state gather / scatter around a decode is not captured: with
-    `decode_graphs` a hybrid decodes eagerly (tokens unchanged); the
-    summary says why. Attention-only models keep their graphs
-    (`test_executor.py`)."""
-    res, ex, _, _ = replay(tmp_path, monkeypatch, "lazy", name="lfm2", budget_gib=BUDGETS["lfm2"], graphs=True)
-    assert ex.graphs is None and "graph_steps" not in res.summary
-    assert res.summary["graph_off"].startswith("recurrent state: decode runs eagerly")
+def watch_graph_steps(ex, seen: list, *, poison: bool) -> None:
+    """Wrap the executor's decode graphs: each step a bucket runs appends
+    (requests, bucket) to `seen`, and after it every occupied slot of the
+    state band other than the step's requests' must hold the bytes it held
+    before (so padding rows wrote no live slot) and the requests' slots
+    finite state. With `poison`, slot PAD_SLOT (the padding rows' slot)
+    is filled with NaN before each step: a live row that read it, or a
+    padding row's state written to a live slot, would turn a request's
+    state NaN and change its tokens."""
+    from unikv.sim.real.state import PAD_SLOT
+
+    graphs, pool, band = ex.graphs, ex.mem.pool, ex.state_band
+    entry = pool.layout.geometry(band).band.entry_bytes
+    tensors = [ex.binder.views.get(g.layer, name) for g in ex.binder.layers
+               for name in (("conv", "ssm") if g.ssm_shape is not None else ("conv",))]
+    run = graphs.run
+
+    def watched(batch, state_slots=None):
+        if poison:
+            for t in tensors:
+                t[PAD_SLOT] = float("nan")
+        before = np.array(pool.buffer_view(band), copy=True)
+        picks = run(batch, state_slots)
+        if picks is None:
+            return picks
+        b = len(batch.requests)
+        seen.append((b, graphs.bucket(b)))
+        occupied = pool.occupancy()["bands"][band]
+        lo, hi = occupied["low_byte"] // entry, occupied["high_byte"] // entry
+        assert lo > PAD_SLOT
+        after = np.asarray(pool.buffer_view(band))
+        changed = {lo + int(i) for i in np.flatnonzero((after[lo:hi] != before[lo:hi]).any(axis=1))}
+        assert changed <= {int(x) for x in state_slots}, (changed, list(state_slots))
+        idx = torch.as_tensor(state_slots)
+        assert all(bool(torch.isfinite(t[idx]).all()) for t in tensors)
+        return picks
+
+    graphs.run = watched
+
+
+# the graphs' replay: 24 requests (outputs 8-29), one every ms, up to 24 running and 256 prefill tokens a
+# step, under budgets where 16 and more decode together, a slot moves and requests are retracted mid-generation
+GRAPH_CASES = [("nemotron_h", "lazy", 400_000), ("lfm2", "eager", 150_000)]
+
+
+@pytest.mark.parametrize("name,compaction,budget_bytes", GRAPH_CASES)
+def test_decode_graphs_of_a_hybrid_give_transformers_greedy_tokens_and_pad_only_the_sink_slot(
+        tmp_path, monkeypatch, one_thread, name, compaction, budget_bytes):
+    """With `decode_graphs` a hybrid's decoders run through the buckets'
+    static buffers, the state gathered and scattered inside them (captured
+    on CUDA; uncaptured here): every request's tokens equal transformers'
+    greedy `generate` with its own cache (as the eager path's do,
+    `test_a_hybrids_replay_...`) with 16 and more requests decoding
+    together, steps were padded to their bucket, and no padding row
+    touched a live slot (`watch_graph_steps`, the padding slot poisoned
+    with NaN before every step)."""
+    seen: list[tuple[int, int]] = []
+    res, ex, retracted_at, _ = replay(tmp_path, monkeypatch, compaction, name=name, budget_gib=budget_bytes / 2**30,
+                                      graphs=True, on_build=lambda ex: watch_graph_steps(ex, seen, poison=True),
+                                      requests=trace(24, (8, 30), 0.001), running=24, prefill_tokens=256)
+    assert res.violations == [] and ex.graphs is not None and "graph_off" not in res.summary
+    assert res.summary["graph_steps"] == len(seen) > 0 and res.summary["graph_captured"] == []
+    assert sum(b < n for b, n in seen) >= 10, f"too few steps padded to their bucket: {seen}"
+    assert max(b for b, _ in seen) >= 16 and {1, 4, 8, 16} <= {n for _, n in seen}
+    assert any(g > 0 for g in retracted_at) and ex.mem.pool.stats()["bands"]["mamba"]["moves"] > 0
     want = references(ex.model, ex, res.requests)
-    assert all(ex.generated[rid] == want[rid] for rid in want)
+    for rid in want:
+        assert ex.generated[rid] == want[rid], f"request {rid}"
 
 
 def test_unikv_replay_of_a_bundled_slice_with_a_hybrid_writes_the_cost_replays_tables(tmp_path, one_thread):
