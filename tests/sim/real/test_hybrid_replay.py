@@ -63,11 +63,19 @@ LFM2 = {"architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "hidden_size
         "pad_token_id": 0}
 
 
+# Nemotron-3-Nano-30B-A3B (Mamba-2 + attention + MoE, `NemotronHMoE`) trimmed as TRIM, its MoE to 8 experts
+NANO = SOURCE.parent / "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16_config.json"
+NANO_TRIM = TRIM | {"hybrid_override_pattern": "M*ME", "n_routed_experts": 8, "num_experts_per_tok": 2,
+                    "moe_intermediate_size": 32, "moe_shared_expert_intermediate_size": 64, "n_group": 1,
+                    "topk_group": 1}
+
+
 def config_file(tmp_path: Path, name: str = "nemotron_h") -> Path:
     if name == "lfm2":
         raw = LFM2
     else:
-        raw = json.loads(SOURCE.read_text()) | TRIM
+        raw = json.loads((NANO if name == "nemotron_moe" else SOURCE).read_text())
+        raw |= NANO_TRIM if name == "nemotron_moe" else TRIM
         raw.pop("auto_map", None)
     path = tmp_path / name / "config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -258,7 +266,7 @@ def watch_graph_steps(ex, seen: list, *, poison: bool) -> None:
 
 # the graphs' replay: 24 requests (outputs 8-29), one every ms, up to 24 running and 256 prefill tokens a
 # step, under budgets where 16 and more decode together, a slot moves and requests are retracted mid-generation
-GRAPH_CASES = [("nemotron_h", "lazy", 400_000), ("lfm2", "eager", 150_000)]
+GRAPH_CASES = [("nemotron_h", "lazy", 400_000), ("lfm2", "eager", 150_000), ("nemotron_moe", "lazy", 400_000)]
 
 
 @pytest.mark.parametrize("name,compaction,budget_bytes", GRAPH_CASES)
@@ -284,6 +292,43 @@ def test_decode_graphs_of_a_hybrid_give_transformers_greedy_tokens_and_pad_only_
     want = references(ex.model, ex, res.requests)
     for rid in want:
         assert ex.generated[rid] == want[rid], f"request {rid}"
+
+
+def test_decode_graphs_refused_for_a_model_run_eagerly_and_the_summary_says_why(tmp_path, monkeypatch, one_thread):
+    """A `DecodeGraphs` that refuses the model (as it does a capture of
+    transformers' eager MoE loop, below) leaves decode eager: the tokens
+    are transformers', and the summary's `graph_off` gives the reason."""
+    from unikv.sim.real import graphs as graphs_module
+
+    class Refusing(graphs_module.DecodeGraphs):
+        def __init__(self, *args, **kwargs):
+            raise ValueError("DecodeGraphs: refused for this test")
+
+    monkeypatch.setattr(graphs_module, "DecodeGraphs", Refusing)
+    res, ex, _, _ = replay(tmp_path, monkeypatch, "lazy", name="lfm2", budget_gib=BUDGETS["lfm2"], graphs=True)
+    assert ex.graphs is None and "graph_steps" not in res.summary
+    assert res.summary["graph_off"] == "decode runs eagerly: DecodeGraphs: refused for this test"
+    want = references(ex.model, ex, res.requests)
+    assert all(ex.generated[rid] == want[rid] for rid in want)
+
+
+def test_a_capture_of_transformers_eager_moe_loop_is_refused_naming_its_line(tmp_path):
+    """transformers' eager experts loop (`NemotronHExperts.forward`) reads
+    the device (`.nonzero()`, `.item()`): with capture on, `DecodeGraphs`
+    refuses the model in one line naming the function, file and line;
+    grouped_mm (transformers' default where it dispatches) syncs nowhere
+    and is taken, and without capture (the CPU) the eager loop runs."""
+    from unikv.sim.real import model as real_model
+    from unikv.sim.real.graphs import DecodeGraphs, capture_hazard
+
+    lm = real_model.build_model(config_file(tmp_path, "nemotron_moe"), dtype="fp32", device="cpu", seed=0)
+    assert lm.config._experts_implementation == "grouped_mm" and capture_hazard(lm) is None
+    DecodeGraphs(lm, None, ["full"], device="cpu", max_pages=4, capture=True)
+    lm.set_experts_implementation("eager")
+    with pytest.raises(ValueError, match=r"^DecodeGraphs: NemotronHExperts\.forward \(transformers/models/nemotron_h/"
+                                         r"modeling_nemotron_h\.py:\d+: `[^`\n]*\.(nonzero|item)\(\)[^\n]*$"):
+        DecodeGraphs(lm, None, ["full"], device="cpu", max_pages=4, capture=True)
+    DecodeGraphs(lm, None, ["full"], device="cpu", max_pages=4, capture=False)
 
 
 def test_unikv_replay_of_a_bundled_slice_with_a_hybrid_writes_the_cost_replays_tables(tmp_path, one_thread):
