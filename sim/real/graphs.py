@@ -37,7 +37,9 @@ since transformers hands that keyword to the Mamba-2 mixer's kernels as
 well. Such a bucket is not compiled (the compiled layers take no cache:
 `stats()` records why). A forward that reads the device on the host
 cannot be captured; `capture_hazard` names the one this model family has
-(transformers' eager MoE experts loop) and the constructor refuses it.
+(transformers' eager MoE experts loop) and the constructor refuses such a
+model with recurrent state (the executor then decodes it eagerly and says
+why); an attention-only model's failed capture stays recorded per bucket.
 
 With `compile`, each decoder layer runs through `torch.compile` (inductor's
 default mode, no CUDA graphs of its own, `fullgraph=True`; `CompiledLayers`),
@@ -242,8 +244,9 @@ class DecodeGraphs:
     Raises:
         ValueError: one line: a compile mode that captures CUDA graphs
             itself ("reduce-overhead", "max-autotune": the buckets capture
-            theirs), or, with `capture`, a model whose forward reads the
-            device (`capture_hazard`).
+            theirs), or, with `capture` and a `binder`, a model whose
+            forward reads the device (`capture_hazard`; an attention-only
+            model's failed capture is recorded per bucket instead).
     """
 
     def __init__(self, model, views, bands: Sequence[str], *, device: str, max_pages: int,
@@ -253,7 +256,8 @@ class DecodeGraphs:
             raise ValueError(f"DecodeGraphs: compile_mode={compile_mode!r} captures CUDA graphs itself; expected "
                              "None, 'default' or 'max-autotune-no-cudagraphs' (the buckets capture the graphs)")
         capture = str(device).startswith("cuda") if capture is None else capture
-        hazard = capture_hazard(model) if capture else None
+        # attention-only models keep recording a failed capture per bucket (`failures`), as before
+        hazard = capture_hazard(model) if capture and binder is not None else None
         if hazard is not None:
             raise ValueError(f"DecodeGraphs: {hazard}")
         self.model = model

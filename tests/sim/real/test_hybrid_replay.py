@@ -105,7 +105,8 @@ def fp32_conv(spec: ModelSpec) -> ModelSpec:
 
 def replay(tmp_path, monkeypatch, compaction: str, *, zero_state: bool = False, clock: str = "cost",
            name: str = "nemotron_h", budget_gib: float = BUDGET_GIB, graphs: bool = False, on_build=None,
-           requests: pd.DataFrame | None = None, running: int = 16, prefill_tokens: int = 16):
+           requests: pd.DataFrame | None = None, running: int = 16, prefill_tokens: int = 16,
+           device: str = "cpu"):
     """Run the trace (`requests`, default `trace()`) with at most `running`
     requests and `prefill_tokens` prefill tokens a step; returns (result,
     executor, generated counts at each retraction, chunks that continued a
@@ -143,7 +144,7 @@ def replay(tmp_path, monkeypatch, compaction: str, *, zero_state: bool = False, 
     monkeypatch.setattr(real_executor, "state_plans", splitting)
     monkeypatch.setattr(real_executor, "build_batch", lockstep_build)
     config = RunConfig(trace="test", model=str(config_file(tmp_path, name)), kv_cache_dtype="fp32",
-                       executor="real", real_clock=clock, decode_graphs=graphs, kv_budget_gib=budget_gib,
+                       executor="real", real_clock=clock, decode_graphs=graphs, kv_budget_gib=budget_gib, device=device,
                        page_size=4, layout="end_end",
                        compaction=compaction, check_every=1, scheduler=SchedulerConfig(
                            max_running=running, prefill_tokens_per_step=prefill_tokens, reserve_init=0.0,
@@ -171,7 +172,7 @@ def references(model, ex, requests: pd.DataFrame) -> dict[int, list[int]]:
     out = {}
     with torch.inference_mode():
         for rid, prompt, n in zip(requests["rid"], requests["prompt_tokens"], requests["output_tokens"]):
-            ids = torch.as_tensor(ex.tokens.prompt(Request(int(rid), 0.0, int(prompt), int(n))))[None]
+            ids = torch.as_tensor(ex.tokens.prompt(Request(int(rid), 0.0, int(prompt), int(n))))[None].to(model.device)
             gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=int(n), do_sample=False,
                                  pad_token_id=0)
             out[int(rid)] = gen[0, ids.shape[1]:].tolist()
@@ -245,7 +246,7 @@ def watch_graph_steps(ex, seen: list, *, poison: bool) -> None:
         if poison:
             for t in tensors:
                 t[PAD_SLOT] = float("nan")
-        before = np.array(pool.buffer_view(band), copy=True)
+        before = torch.as_tensor(pool.buffer_view(band)).clone()
         picks = run(batch, state_slots)
         if picks is None:
             return picks
@@ -254,10 +255,10 @@ def watch_graph_steps(ex, seen: list, *, poison: bool) -> None:
         occupied = pool.occupancy()["bands"][band]
         lo, hi = occupied["low_byte"] // entry, occupied["high_byte"] // entry
         assert lo > PAD_SLOT
-        after = np.asarray(pool.buffer_view(band))
-        changed = {lo + int(i) for i in np.flatnonzero((after[lo:hi] != before[lo:hi]).any(axis=1))}
+        after = torch.as_tensor(pool.buffer_view(band))
+        changed = {lo + int(i) for i in torch.nonzero((after[lo:hi] != before[lo:hi]).any(dim=1)).flatten()}
         assert changed <= {int(x) for x in state_slots}, (changed, list(state_slots))
-        idx = torch.as_tensor(state_slots)
+        idx = torch.as_tensor(np.asarray(state_slots), device=tensors[0].device)
         assert all(bool(torch.isfinite(t[idx]).all()) for t in tensors)
         return picks
 
@@ -267,11 +268,13 @@ def watch_graph_steps(ex, seen: list, *, poison: bool) -> None:
 # the graphs' replay: 24 requests (outputs 8-29), one every ms, up to 24 running and 256 prefill tokens a
 # step, under budgets where 16 and more decode together, a slot moves and requests are retracted mid-generation
 GRAPH_CASES = [("nemotron_h", "lazy", 400_000), ("lfm2", "eager", 150_000), ("nemotron_moe", "lazy", 400_000)]
+GPU = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"), pytest.mark.gpu]
 
 
-@pytest.mark.parametrize("name,compaction,budget_bytes", GRAPH_CASES)
+@pytest.mark.parametrize("name,compaction,budget_bytes,device", [(*c, "cpu") for c in GRAPH_CASES]
+                         + [pytest.param(*c, "cuda", marks=GPU) for c in GRAPH_CASES])
 def test_decode_graphs_of_a_hybrid_give_transformers_greedy_tokens_and_pad_only_the_sink_slot(
-        tmp_path, monkeypatch, one_thread, name, compaction, budget_bytes):
+        tmp_path, monkeypatch, one_thread, name, compaction, budget_bytes, device):
     """With `decode_graphs` a hybrid's decoders run through the buckets'
     static buffers, the state gathered and scattered inside them (captured
     on CUDA; uncaptured here): every request's tokens equal transformers'
@@ -279,13 +282,17 @@ def test_decode_graphs_of_a_hybrid_give_transformers_greedy_tokens_and_pad_only_
     `test_a_hybrids_replay_...`) with 16 and more requests decoding
     together, steps were padded to their bucket, and no padding row
     touched a live slot (`watch_graph_steps`, the padding slot poisoned
-    with NaN before every step)."""
+    with NaN before every step). On CUDA every bucket is captured (the
+    gather, the forward and the scatter in one graph) and replayed."""
     seen: list[tuple[int, int]] = []
     res, ex, retracted_at, _ = replay(tmp_path, monkeypatch, compaction, name=name, budget_gib=budget_bytes / 2**30,
                                       graphs=True, on_build=lambda ex: watch_graph_steps(ex, seen, poison=True),
-                                      requests=trace(24, (8, 30), 0.001), running=24, prefill_tokens=256)
+                                      requests=trace(24, (8, 30), 0.001), running=24, prefill_tokens=256,
+                                      device=device)
     assert res.violations == [] and ex.graphs is not None and "graph_off" not in res.summary
-    assert res.summary["graph_steps"] == len(seen) > 0 and res.summary["graph_captured"] == []
+    assert res.summary["graph_steps"] == len(seen) > 0 and res.summary["graph_capture_failures"] == {}
+    captured = res.summary["graph_captured"]
+    assert captured == (sorted({n for _, n in seen}) if device == "cuda" else [])
     assert sum(b < n for b, n in seen) >= 10, f"too few steps padded to their bucket: {seen}"
     assert max(b for b, _ in seen) >= 16 and {1, 4, 8, 16} <= {n for _, n in seen}
     assert any(g > 0 for g in retracted_at) and ex.mem.pool.stats()["bands"]["mamba"]["moves"] > 0
@@ -314,21 +321,25 @@ def test_decode_graphs_refused_for_a_model_run_eagerly_and_the_summary_says_why(
 
 def test_a_capture_of_transformers_eager_moe_loop_is_refused_naming_its_line(tmp_path):
     """transformers' eager experts loop (`NemotronHExperts.forward`) reads
-    the device (`.nonzero()`, `.item()`): with capture on, `DecodeGraphs`
-    refuses the model in one line naming the function, file and line;
+    the device (`.nonzero()`, `.item()`): with capture on and a state
+    binder, `DecodeGraphs` refuses the model in one line naming the
+    function, file and line;
     grouped_mm (transformers' default where it dispatches) syncs nowhere
     and is taken, and without capture (the CPU) the eager loop runs."""
     from unikv.sim.real import model as real_model
     from unikv.sim.real.graphs import DecodeGraphs, capture_hazard
 
     lm = real_model.build_model(config_file(tmp_path, "nemotron_moe"), dtype="fp32", device="cpu", seed=0)
+    binder = object()  # the constructor only keeps it: the buckets are not built here
     assert lm.config._experts_implementation == "grouped_mm" and capture_hazard(lm) is None
-    DecodeGraphs(lm, None, ["full"], device="cpu", max_pages=4, capture=True)
+    DecodeGraphs(lm, None, ["full"], device="cpu", max_pages=4, capture=True, binder=binder)
     lm.set_experts_implementation("eager")
     with pytest.raises(ValueError, match=r"^DecodeGraphs: NemotronHExperts\.forward \(transformers/models/nemotron_h/"
                                          r"modeling_nemotron_h\.py:\d+: `[^`\n]*\.(nonzero|item)\(\)[^\n]*$"):
-        DecodeGraphs(lm, None, ["full"], device="cpu", max_pages=4, capture=True)
-    DecodeGraphs(lm, None, ["full"], device="cpu", max_pages=4, capture=False)
+        DecodeGraphs(lm, None, ["full"], device="cpu", max_pages=4, capture=True, binder=binder)
+    DecodeGraphs(lm, None, ["full"], device="cpu", max_pages=4, capture=False, binder=binder)
+    # without a binder (attention-only models): a failed capture stays recorded per bucket, as before
+    DecodeGraphs(lm, None, ["full"], device="cpu", max_pages=4, capture=True)
 
 
 def test_unikv_replay_of_a_bundled_slice_with_a_hybrid_writes_the_cost_replays_tables(tmp_path, one_thread):
