@@ -230,17 +230,25 @@ def watch_graph_steps(ex, seen: list, *, poison: bool) -> None:
     (requests, bucket) to `seen`, and after it every occupied slot of the
     state band other than the step's requests' must hold the bytes it held
     before (so padding rows wrote no live slot) and the requests' slots
-    finite state. With `poison`, slot PAD_SLOT (the padding rows' slot)
-    is filled with NaN before each step: a live row that read it, or a
+    finite state, and the bucket's cache must keep its state tensors where
+    they were (what a captured graph reads and writes: transformers'
+    one-token paths update them in place). With `poison`, slot PAD_SLOT
+    (the padding rows' slot) is filled with NaN before each step: a live row that read it, or a
     padding row's state written to a live slot, would turn a request's
     state NaN and change its tokens."""
-    from unikv.sim.real.state import PAD_SLOT
+    from unikv.sim.real.state import PAD_SLOT, conv_state, recurrent_state
 
     graphs, pool, band = ex.graphs, ex.mem.pool, ex.state_band
     entry = pool.layout.geometry(band).band.entry_bytes
     tensors = [ex.binder.views.get(g.layer, name) for g in ex.binder.layers
                for name in (("conv", "ssm") if g.ssm_shape is not None else ("conv",))]
     run = graphs.run
+    addresses: dict[int, list[int]] = {}  # bucket -> its cache's state tensors' addresses
+
+    def cache_addresses(n: int) -> list[int]:
+        cache = graphs._buckets[n].cache
+        return [f(cache, g.layer).data_ptr() for g in ex.binder.layers for f in (conv_state, recurrent_state)
+                if g.ssm_shape is not None or f is conv_state]
 
     def watched(batch, state_slots=None):
         if poison:
@@ -252,6 +260,7 @@ def watch_graph_steps(ex, seen: list, *, poison: bool) -> None:
             return picks
         b = len(batch.requests)
         seen.append((b, graphs.bucket(b)))
+        assert addresses.setdefault(seen[-1][1], cache_addresses(seen[-1][1])) == cache_addresses(seen[-1][1])
         occupied = pool.occupancy()["bands"][band]
         lo, hi = occupied["low_byte"] // entry, occupied["high_byte"] // entry
         assert lo > PAD_SLOT
