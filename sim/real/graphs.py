@@ -23,7 +23,9 @@ tests hold that path's tokens equal to the eager executor's.
 With a `StateBinder` (a model with recurrent state: Nemotron-H's Mamba-2
 mixers, LFM2's short conv), each bucket also keeps a static slot index
 `[n]` and a transformers cache of `n` rows whose recurrent tensors stay at
-fixed addresses (`StateBinder.static_cache`). The bucket's forward gathers
+fixed addresses (`StateBinder.static_cache`): views of one store of the
+largest bucket's rows (`capture_buckets` sizes it first), since one step
+runs at a time (Nemotron-3-Nano keeps 47 MiB of state a row). The bucket's forward gathers
 the batch's state from the pool's state slots by that index into the
 cache (`StateBinder.gather`), runs the model with it (the one-token
 Mamba-2 and short-conv paths update it in place) and scatters it back by
@@ -275,6 +277,7 @@ class DecodeGraphs:
 
             self.cache_kwarg = cache_kwarg(model)
         self._buckets: dict[int, _Bucket] = {}
+        self._store: tuple[int, Any] = (0, None)  # a binder's: (rows, the static cache every bucket's is a view of)
         self.failures: dict[int, str] = {}  # bucket -> why its capture failed
         self.compile_failures: dict[int, str] = {}  # bucket -> why its compile (or compiled capture) failed
         self.compile_s: dict[int, float] = {}  # bucket -> seconds of its first (compiling) forward
@@ -310,6 +313,8 @@ class DecodeGraphs:
         `max_batch` requests can use, as a serving engine does at start-up,
         so that no capture lands inside a step's measured time."""
         top = self.bucket(max_batch) or self.buckets[-1]
+        if self.binder is not None:
+            self._state_store(top)  # one store of the largest bucket's rows: the smaller ones are views of it
         for n in self.buckets:
             if n <= top and n not in self._buckets:
                 self._build(n)
@@ -376,10 +381,20 @@ class DecodeGraphs:
             from unikv.sim.real.state import PAD_SLOT
 
             st.slots = torch.full((n,), PAD_SLOT, dtype=torch.int64, device=dev)
-            st.cache = self.binder.static_cache(n)
+            st.cache = self.binder.static_cache(n, share=self._state_store(n))
             st.attention = tuple(self.binder.attention_layers(st.cache))
             st.empty = torch.empty(0, dtype=self.model.dtype, device=dev)
         return st
+
+    def _state_store(self, n: int) -> Any:
+        """The static cache the buckets' caches are views of, grown to `n`
+        rows when smaller (a bucket built before keeps the store it views).
+        One step runs at a time, and each forward gathers its rows before
+        it reads them, so buckets may share the rows."""
+        rows, store = self._store
+        if rows < n:
+            self._store = (n, self.binder.static_cache(n))
+        return self._store[1]
 
     def _fill(self, st: _Bucket, batch, b: int, width: int, slots=None) -> None:
         """Copy the step into the bucket's buffers; the rows past `b` pad.

@@ -271,14 +271,28 @@ class StateBinder:
                 ssm = self.views.get(g.layer, "ssm")
                 ssm[idx] = recurrent_state(cache, g.layer).to(ssm.dtype)
 
-    def static_cache(self, n: int) -> Any:
+    def static_cache(self, n: int, share=None) -> Any:
         """A cache of `n` rows for `gather` / `scatter` at fixed addresses
         (a decode bucket's, `sim.real.graphs.DecodeGraphs`): its recurrent
-        tensors hold slot `PAD_SLOT`'s state (the pool's sink)."""
+        tensors hold slot `PAD_SLOT`'s state (the pool's sink).
+
+        Args:
+            n: the rows.
+            share: a static cache of at least `n` rows whose tensors' first
+                `n` rows become this cache's (buckets that never run at
+                once share one store); None: its own tensors.
+        """
         import torch
 
         device = self.views.get(self.layers[0].layer, "conv").device
-        return self._new_cache(torch.full((n,), PAD_SLOT, dtype=torch.int64, device=device))
+        cache = self._new_cache(torch.full((n,), PAD_SLOT, dtype=torch.int64, device=device))
+        if share is not None:  # the layers' state dicts (`LinearAttentionLayer`, 5.17 and 5.24) take the views
+            for g in self.layers:
+                held = cache.layers[g.layer]
+                held.conv_states[0] = conv_state(share, g.layer)[:n]
+                if g.ssm_shape is not None:
+                    held.recurrent_states[0] = recurrent_state(share, g.layer)[:n]
+        return cache
 
     def _new_cache(self, idx: torch.Tensor) -> Any:
         """A cache holding the state of slots `idx`, through transformers'
