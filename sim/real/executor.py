@@ -57,7 +57,9 @@ class RealExecutor:
         cost: the cost-model executor whose times the clock takes instead
             of the measured ones (None: measured).
         graphs: a `sim.real.graphs.DecodeGraphs` decode-only steps run
-            through (None: every step eagerly).
+            through (None: every step eagerly); with a `binder`, built
+            with the same binder (the decoders' `[B, 1]` forward of each
+            step runs through it, their state slots passed in).
         prefill: a `sim.real.prefill.CompiledPrefill` the packed steps
             (with a prefill chunk) run through (None: eagerly); not with
             a `binder`.
