@@ -273,25 +273,32 @@ class StateBinder:
 
     def static_cache(self, n: int, share=None) -> Any:
         """A cache of `n` rows for `gather` / `scatter` at fixed addresses
-        (a decode bucket's, `sim.real.graphs.DecodeGraphs`): its recurrent
-        tensors hold slot `PAD_SLOT`'s state (the pool's sink).
+        (a decode bucket's, `sim.real.graphs.DecodeGraphs`).
+
+        It is built for one row through transformers' cache API, then each
+        recurrent layer's tensors (its `conv_states[0]` /
+        `recurrent_states[0]`, `LinearAttentionLayer`, 5.17 and 5.24) are
+        replaced by `n`-row ones, so no `n`-row temporary is made
+        (Nemotron-3-Nano: 47 MiB a row).
 
         Args:
             n: the rows.
             share: a static cache of at least `n` rows whose tensors' first
                 `n` rows become this cache's (buckets that never run at
-                once share one store); None: its own tensors.
+                once share one store); None: its own tensors, zeros.
         """
         import torch
 
         device = self.views.get(self.layers[0].layer, "conv").device
-        cache = self._new_cache(torch.full((n,), PAD_SLOT, dtype=torch.int64, device=device))
-        if share is not None:  # the layers' state dicts (`LinearAttentionLayer`, 5.17 and 5.24) take the views
-            for g in self.layers:
-                held = cache.layers[g.layer]
-                held.conv_states[0] = conv_state(share, g.layer)[:n]
-                if g.ssm_shape is not None:
-                    held.recurrent_states[0] = recurrent_state(share, g.layer)[:n]
+        cache = self._new_cache(torch.full((1,), PAD_SLOT, dtype=torch.int64, device=device))
+        for g in self.layers:
+            held = cache.layers[g.layer]
+            kinds = [(held.conv_states, conv_state)]
+            if g.ssm_shape is not None:
+                kinds.append((held.recurrent_states, recurrent_state))
+            for states, get in kinds:
+                one = states[0]
+                states[0] = one.new_zeros((n, *one.shape[1:])) if share is None else get(share, g.layer)[:n]
         return cache
 
     def _new_cache(self, idx: torch.Tensor) -> Any:
