@@ -225,7 +225,52 @@ def test_the_forward_timing_spans_every_sub_forward_of_a_step(tmp_path, monkeypa
     assert 0 < res.summary["real_state_share_of_forward"] < 1
 
 
-def watch_graph_steps(ex, seen: list, *, poison: bool) -> None:
+HOST_READS = {"aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::nonzero", "aten::equal",
+              "aten::masked_select", "aten::unique", "aten::_unique2", "aten::unique_consecutive"}
+"""Operators that read a tensor's data on the host (`.item()`, `bool(t)`,
+one-argument `torch.where`, ...) or size their output by it: a CUDA graph
+capture cannot hold them. (`.tolist()` and `.cpu()` do not dispatch such an
+operator on the CPU: not seen here.)"""
+
+
+# unikv's own bounds check of a KV write on CPU tensors (`KVViews.write`, `s.device.type == "cpu"`): not on CUDA
+CPU_ONLY_READS = {"unikv/tensors/kv.py:write"}
+
+
+class HostReads:
+    """Records the `HOST_READS` operators run inside `with HostReads() as
+    reads:` as (operator, "file:function" of the innermost caller outside
+    torch) in `reads.seen`."""
+
+    def __enter__(self):
+        import traceback
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        seen = self.seen = []
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func._schema.name in HOST_READS:
+                    frame = next(f for f in reversed(traceback.extract_stack()[:-1])
+                                 if "/torch/" not in f.filename)
+                    path = frame.filename
+                    for root in ("transformers/", "unikv/", "sim/"):
+                        if root in path:
+                            path = path[path.rfind(root):]
+                            break
+                    seen.append((func._schema.name, f"{path}:{frame.name}"))
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+def watch_graph_steps(ex, seen: list, *, poison: bool, host_reads: list | None = None) -> None:
     """Wrap the executor's decode graphs: each step a bucket runs appends
     (requests, bucket) to `seen`, and after it every occupied slot of the
     state band other than the step's requests' must hold the bytes it held
@@ -235,14 +280,24 @@ def watch_graph_steps(ex, seen: list, *, poison: bool) -> None:
     one-token paths update them in place). With `poison`, slot PAD_SLOT
     (the padding rows' slot) is filled with NaN before each step: a live row that read it, or a
     padding row's state written to a live slot, would turn a request's
-    state NaN and change its tokens."""
+    state NaN and change its tokens. `host_reads`: the `HOST_READS`
+    operators each bucket forward (what a capture records: gather,
+    forward, scatter) ran are appended to it."""
     from unikv.sim.real.state import PAD_SLOT, conv_state, recurrent_state
 
     graphs, pool, band = ex.graphs, ex.mem.pool, ex.state_band
     entry = pool.layout.geometry(band).band.entry_bytes
     tensors = [ex.binder.views.get(g.layer, name) for g in ex.binder.layers
                for name in (("conv", "ssm") if g.ssm_shape is not None else ("conv",))]
-    run = graphs.run
+    run, forward = graphs.run, graphs._forward
+    if host_reads is not None:
+        def reading_forward(st, *args, **kwargs):
+            with HostReads() as reads:
+                out = forward(st, *args, **kwargs)
+            host_reads.extend(reads.seen)
+            return out
+
+        graphs._forward = reading_forward
     addresses: dict[int, list[int]] = {}  # bucket -> its cache's state tensors' addresses
 
     def cache_addresses(n: int) -> list[int]:
@@ -294,14 +349,18 @@ def test_decode_graphs_of_a_hybrid_give_transformers_greedy_tokens_and_pad_only_
     with NaN before every step). On CUDA every bucket is captured (the
     gather, the forward and the scatter in one graph) and replayed."""
     seen: list[tuple[int, int]] = []
+    reads: list[str] = []
     res, ex, retracted_at, _ = replay(tmp_path, monkeypatch, compaction, name=name, budget_gib=budget_bytes / 2**30,
-                                      graphs=True, on_build=lambda ex: watch_graph_steps(ex, seen, poison=True),
+                                      graphs=True, on_build=lambda ex: watch_graph_steps(ex, seen, poison=True,
+                                                                                         host_reads=reads),
                                       requests=trace(24, (8, 30), 0.001), running=24, prefill_tokens=256,
                                       device=device)
     assert res.violations == [] and ex.graphs is not None and "graph_off" not in res.summary
     assert res.summary["graph_steps"] == len(seen) > 0 and res.summary["graph_capture_failures"] == {}
     captured = res.summary["graph_captured"]
     assert captured == (sorted({n for _, n in seen}) if device == "cuda" else [])
+    if device == "cpu":  # on CUDA the captured steps replay without Python: only the capture's forward runs it
+        assert {where for _, where in reads} <= CPU_ONLY_READS, f"host reads in a bucket forward: {set(reads)}"
     assert sum(b < n for b, n in seen) >= 10, f"too few steps padded to their bucket: {seen}"
     assert max(b for b, _ in seen) >= 16 and {1, 4, 8, 16} <= {n for _, n in seen}
     assert any(g > 0 for g in retracted_at) and ex.mem.pool.stats()["bands"]["mamba"]["moves"] > 0
@@ -347,6 +406,16 @@ def test_a_capture_of_transformers_eager_moe_loop_is_refused_naming_its_line(tmp
                                          r"modeling_nemotron_h\.py:\d+: `[^`\n]*\.(nonzero|item)\(\)[^\n]*$"):
         DecodeGraphs(lm, None, ["full"], device="cpu", max_pages=4, capture=True, binder=binder)
     DecodeGraphs(lm, None, ["full"], device="cpu", max_pages=4, capture=False, binder=binder)
+    moe = next(m for m in lm.modules() if type(m).__name__ == "NemotronHMoE")  # the detector the replay test uses
+    hidden = torch.randn(4, 1, lm.config.hidden_size)
+    with torch.inference_mode(), HostReads() as eager:
+        moe(hidden)
+    lm.set_experts_implementation("grouped_mm")
+    with torch.inference_mode(), HostReads() as grouped:
+        moe(hidden)
+    experts = "transformers/models/nemotron_h/modeling_nemotron_h.py:forward"
+    assert {("aten::nonzero", experts), ("aten::item", experts)} <= set(eager.seen)
+    assert grouped.seen == []
     # without a binder (attention-only models): a failed capture stays recorded per bucket, as before
     DecodeGraphs(lm, None, ["full"], device="cpu", max_pages=4, capture=True)
 
