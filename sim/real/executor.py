@@ -76,7 +76,7 @@ class RealExecutor:
         for name, value in (("prefill", prefill), ("packed", packed)):
             if value is not None and binder is not None:
                 raise ValueError(f"RealExecutor: {name} (compiled or captured packed steps) with a state binder; "
-                                 f"the recurrent state's forwards run eagerly: expected {name}=None")
+                                 f"a recurrent model's prefill chunks run eagerly, one forward each: expected {name}=None")
         self.mem = memory
         self.model = model
         self.views = views
@@ -434,12 +434,12 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
                                   compile=config.compile_decode, compile_backend=COMPILE_BACKEND, binder=binder)
         except ValueError as exc:  # a forward a capture cannot take: eager decode, the summary says why
             graph_off = str(exc)
-    if config.compile_prefill and binder is None:  # the state's forwards run eagerly (the summary says so)
+    if config.compile_prefill and binder is None:  # a recurrent model's prefill chunks run eagerly (the summary says so)
         from unikv.sim.real.prefill import CompiledPrefill
 
         prefill = CompiledPrefill(lm, views, device=config.device, backend=COMPILE_BACKEND)
     packed = None
-    if config.prefill_graphs and binder is None:  # as the compiled prefill: the state's forwards run eagerly
+    if config.prefill_graphs and binder is None:  # as the compiled prefill: the state's prefill chunks run eagerly
         from unikv.sim.real.packed_graphs import PackedGraphs
 
         packed = PackedGraphs(lm, views, bands, device=config.device, max_pages=_max_pages(lm.config, memory),
@@ -561,7 +561,8 @@ def prefill_summary(executor: RealExecutor) -> dict:
         packed = executor.decode_only.count(False)
         return {"prefill_compiled_steps": 0, "prefill_eager_steps": packed, "prefill_compiles": 0,
                 "prefill_graphs": 0, "prefill_compile_s": 0.0,
-                "prefill_compile_failure": "recurrent state: its forwards run eagerly (the state binder)"}
+                "prefill_compile_failure": "recurrent state: its prefill chunks run eagerly, one forward each "
+                                           "(the state binder)"}
     s = executor.prefill.stats()
     return {"prefill_compiled_steps": s["compiled_steps"], "prefill_eager_steps": s["eager_steps"],
             "prefill_compiles": s["compiles"], "prefill_graphs": s["graphs"], "prefill_compile_s": s["compile_s"],
@@ -579,7 +580,8 @@ def packed_graph_summary(executor: RealExecutor) -> dict:
         return {"packed_graph_steps_captured": 0, "packed_graph_steps_uncaptured": 0,
                 "packed_graph_fallbacks": packed, "packed_graph_buckets": [], "packed_graph_captured": [],
                 "packed_graph_capture_failures": {},
-                "packed_graph_off": "recurrent state: its forwards run eagerly (the state binder)"}
+                "packed_graph_off": "recurrent state: its prefill chunks run eagerly, one forward each "
+                                    "(the state binder)"}
     s = executor.packed.stats()
     out = {"packed_graph_steps_captured": s["steps_captured"], "packed_graph_steps_uncaptured": s["steps_uncaptured"],
            "packed_graph_fallbacks": s["fallbacks"], "packed_graph_buckets": s["buckets"],
