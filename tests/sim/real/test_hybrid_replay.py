@@ -17,6 +17,14 @@ state from position 0 in a new slot); the test counts both and fails
 without them, then compares every generated token with transformers' own
 greedy `generate` of the request alone (its own cache, the same weights).
 A control that starts every forward from zero state changes tokens.
+
+With decode graphs (`sim.real.graphs.DecodeGraphs` with the state binder),
+24 requests (16 and more decoding together) run their decoders through the
+buckets, the state gathered and scattered inside each bucket's forward: the
+tokens are transformers' again, the padding rows touch no live slot (the
+padding slot poisoned with NaN, every other slot's bytes checked), and the
+bucket forwards read no tensor on the host; on a GPU every bucket is
+captured (`-m gpu`).
 """
 
 from __future__ import annotations
