@@ -484,11 +484,14 @@ def non_forward(config_json: Path, dtype: str, state: bool, compiled: bool = Fal
     from unikv.sim.run import run
 
     calibration = CALIBRATION | (STATE_CALIBRATION if state else {})
+    # a slice of 8 requests never runs more: the executor's start-up then captures decode buckets up to 8 only,
+    # not up to the default 256 (whose static state store alone is 11.8 GiB for Nemotron-3-Nano)
+    running = {"max_running": calibration["max_requests"]} if state else {}
     config = RunConfig(model=str(config_json), executor="real", device=brd.DEVICE, dtype=dtype,
                        decode_graphs=brd.DEVICE == "cuda", compile_decode=compiled and brd.DEVICE == "cuda",
                        compile_prefill=compiled, prefill_graphs=graphs, real_clock="measured", trace_end_s=None,
                        layout="end_end", compaction="lazy", oversize="reject", kv_cache_dtype=dtype, gpu="h200",
-                       seed=0, scheduler=SchedulerConfig(prefix_cache=not state), **calibration)
+                       seed=0, scheduler=SchedulerConfig(prefix_cache=not state, **running), **calibration)
     s = run(config).summary
     got = {k: s[f"real_non_forward_s{k}_median"] for k in ("", "_decode", "_prefill")}
     decode = ("decode graphs" if s.get("graph_steps") else
