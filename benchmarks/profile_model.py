@@ -477,7 +477,8 @@ def non_forward(config_json: Path, dtype: str, state: bool, compiled: bool = Fal
     median over all steps, and over decode-only and prefill steps apart
     (`sim.real.executor.non_forward_summary`). A model with recurrent
     `state` replays STATE_CALIBRATION's shorter slice without the prefix
-    cache (the executor refuses it there); its decode graphs gather and
+    cache (the executor refuses it there), as many running as the slice
+    holds (so the start-up captures no larger bucket); its decode graphs gather and
     scatter the state inside them (the summary's `graph_off` says why
     when the executor refused them)."""
     from unikv.sim.config import RunConfig, SchedulerConfig
