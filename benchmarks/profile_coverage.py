@@ -57,10 +57,12 @@ class Coverage:
         build_error / executor_error: why transformers cannot build it, or
             why the real executor cannot run it ("" when it can).
         profiled: the profile file of (model, gpu) is bundled.
-        eager: the real executor runs its every step eagerly (recurrent
-            state: the gather / scatter around the forward is not captured),
-            not as serving engines run it; its profile, measured or not, is
-            not bundled (issue 17: never an eager forward as a profile).
+        eager: a model with recurrent state: the real executor runs its
+            prefill chunks eagerly, one forward each, and its decode through
+            the decode graphs with the state gathered and scattered inside
+            them, whose capture has not been measured on a GPU yet; its
+            profile, measured or not, is not bundled (issue 17: never an
+            eager forward as a profile).
     """
 
     model: str
@@ -79,7 +81,8 @@ class Coverage:
         yet" when none did): the table's other columns say why."""
         if self.refusal() is None:
             if self.eager:
-                return "the executor runs it eagerly (recurrent state), not as engines do: not bundled"
+                return ("recurrent state: its captured decode not yet measured on a GPU, its prefill eager: "
+                        "not bundled")
             return "profilable, not measured yet"
         return ("no config.json" if self.config is None else "not buildable" if self.build_error
                 else "executor" if self.executor_error else "does not fit")

@@ -17,10 +17,14 @@ of `--reps` timed forwards (CUDA events) after WARMUPS untimed ones:
   executor binds them, `sim.real.state.StateBinder`) runs each point as
   the executor runs its steps (`sim.real.executor.state_plans`): its pool
   has a state band and every request a state slot; the chunk runs alone
-  (packed, one request), the decoders as one eager `[B, 1]` forward (no
-  CUDA graph: the state gather / scatter is not captured); around each
-  forward the requests' state is gathered from their slots and scattered
-  back after, inside the timed span as in the executor's forward time.
+  (packed, one request, eager), its state gathered from its slot before
+  and scattered back after; the decoders run as one `[B, 1]` step through
+  the bucket's CUDA graph (`DecodeGraphs` with the state binder: the
+  gather from the requests' slots and the scatter back are captured
+  inside it), all inside the timed span as in the executor's forward
+  time. A model whose decode forward cannot be captured
+  (`sim.real.graphs.capture_hazard`: transformers' eager MoE loop)
+  decodes eagerly, as the executor then does, and the method says why.
   The profile says `"step_forwards": "per_chunk"` (`sim.profile`). Its
   grids are STATE_FIT / STATE_HELDOUT: its eager prefill runs
   transformers' reference Mamba-2 path (no mamba_ssm kernels on the GPU
@@ -306,13 +310,19 @@ def _graph_times(lm, pool, views, rows, ids, ctx, input_ids, position_ids, keep,
     return times
 
 
-def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, context: int, reps: int) -> list[float]:
+def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, context: int, reps: int,
+                graphs: bool = True) -> list[float]:
     """Seconds of each of `reps` steps of a model with recurrent state, run
     as the real executor runs them (`RealExecutor.launch` / `_forward`): a
     chunk of `chunk` tokens over `cached` cached tokens alone (0: none),
-    then `decoders` requests at `context` as one eager `[B, 1]` forward (0:
-    none), each forward's requests' state gathered from their pool slots
-    before it and scattered back after (`StateBinder`)."""
+    eager, its state gathered from its pool slot before and scattered back
+    after (`StateBinder`); then `decoders` requests at `context` as one
+    `[B, 1]` step (0: none) through the bucket's graph (`DecodeGraphs` with
+    the binder: the gather and scatter inside it; captured on CUDA in the
+    first WARMUPS step), or with `graphs` off as one eager forward between
+    the binder's gather and scatter."""
+    import torch
+    from unikv.sim.real.graphs import DecodeGraphs
     from unikv.sim.real.state import StateBinder, cache_kwarg, pool_state_views
 
     pool, views = pool_for(spec, placed, max(cached, context) + 4, decoders + 1, unwindowed_tokens=chunk)
@@ -321,14 +331,27 @@ def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, contex
     parts = []
     if chunk:
         parts.append(_chunk_forward(pool, views, spec, chunk, cached))
-    if decoders:
+    decode = graph = None
+    if decoders and graphs:
+        decode = _decode_batch(pool, views, spec, decoders, context)
+        graph = DecodeGraphs(lm, views, views.bands, device=brd.DEVICE, max_pages=-(-(context + 64) // PS) + 1,
+                             binder=binder)
+    elif decoders:
         parts.append(_decode_forward(pool, views, spec, decoders, context))
 
     def step():
         for ctx_of, inputs, states, fresh in parts:
             _state_forward(lm, binder, ctx_of(), inputs, pool.translate(states, STATE_BAND), fresh, kwarg)
+        if decode is not None:
+            batch, states = decode
+            with torch.inference_mode():
+                if graph.run(batch, pool.translate(states, STATE_BAND)) is None:
+                    raise RuntimeError(f"decode batch {decoders}: no bucket takes it")
 
-    return timed(step, reps)
+    times = timed(step, reps)
+    if graph is not None and brd.DEVICE == "cuda" and not graph.stats()["captured"]:
+        raise RuntimeError(f"decode batch {decoders}: the graph was not captured ({graph.stats()['failures']})")
+    return times
 
 
 def _chunk_forward(pool, views, spec, chunk: int, cached: int):
@@ -354,20 +377,26 @@ def _chunk_forward(pool, views, spec, chunk: int, cached: int):
     return (lambda: ctx), inputs, pool.alloc_state(STATE_BAND, 1), cached == 0
 
 
+def _decode_batch(pool, views, spec, decoders: int, context: int):
+    """`decoders` requests at `context` decoding one token each: the step's
+    batch (`Case.host_step`'s: the executor's device tables, translated
+    when the forward reads them) and their state slot ids."""
+    batch = Case(pool, views, spec, decoders, context, brd.DEVICE).host_step()
+    return batch, pool.alloc_state(STATE_BAND, decoders)
+
+
 def _decode_forward(pool, views, spec, decoders: int, context: int):
-    """`decoders` requests at `context` decoding one token each, as
-    `_state_forward` takes them; the batch is `Case.host_step`'s (the
-    executor's device tables, translated when the forward reads them)."""
+    """`_decode_batch`'s step as `_state_forward` takes it (eager decode)."""
     from unikv.sim.real.attention import StepContext
 
-    batch = Case(pool, views, spec, decoders, context, brd.DEVICE).host_step()
+    batch, states = _decode_batch(pool, views, spec, decoders, context)
 
     def ctx():  # the executor builds it inside its forward's timed span (`RealExecutor._forward`)
         return StepContext(views=views, block_tables=dict(batch.block_tables), cu_q=batch.cu_q,
                            seq_lens=batch.seq_lens, write_slots=dict(batch.write_slots), layout="padded")
 
     inputs = dict(input_ids=batch.input_ids, position_ids=batch.position_ids, logits_to_keep=0)
-    return ctx, inputs, pool.alloc_state(STATE_BAND, decoders), False
+    return ctx, inputs, states, False
 
 
 def _state_forward(lm, binder, ctx, inputs: dict, slots, fresh: bool, kwarg: str) -> None:
@@ -386,9 +415,11 @@ def _state_forward(lm, binder, ctx, inputs: dict, slots, fresh: bool, kwarg: str
 
 
 def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: bool, compiled: bool = False,
-            graphs: bool = False) -> dict:
+            graphs: bool = False, state_graphs: bool = True) -> dict:
     """Every grid point's median forward seconds (each point's fastest,
-    median and slowest rep printed), unmeasurable cells filled."""
+    median and slowest rep printed), unmeasurable cells filled;
+    `state_graphs`: a model with recurrent state decodes through the
+    buckets' graphs (`state_point`)."""
     import torch
     from unikv.sim.profile import fill_unmeasured
 
@@ -402,7 +433,8 @@ def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: boo
                 try:
                     if placed.recurrent:  # the executor's forwards of a model with state
                         times = state_point(lm, spec, placed, *{"decode": (0, 0, r, c), "prefill": (r, c, 0, 0),
-                                                                "mixed": (r, 0, c, mixed_context)}[grid], reps)
+                                                                "mixed": (r, 0, c, mixed_context)}[grid], reps,
+                                             state_graphs)
                     elif grid == "decode":
                         times = decode_point(lm, spec, placed, r, c, reps, compiled)
                     elif grid == "prefill":
@@ -445,24 +477,32 @@ def non_forward(config_json: Path, dtype: str, state: bool, compiled: bool = Fal
     median over all steps, and over decode-only and prefill steps apart
     (`sim.real.executor.non_forward_summary`). A model with recurrent
     `state` replays STATE_CALIBRATION's shorter slice without the prefix
-    cache (the executor refuses it there) and decodes eagerly."""
+    cache (the executor refuses it there), as many running as the slice
+    holds (so the start-up captures no larger bucket); its decode graphs gather and
+    scatter the state inside them (the summary's `graph_off` says why
+    when the executor refused them)."""
     from unikv.sim.config import RunConfig, SchedulerConfig
     from unikv.sim.run import run
 
     calibration = CALIBRATION | (STATE_CALIBRATION if state else {})
+    # a slice of 8 requests never runs more: the executor's start-up then captures decode buckets up to 8 only,
+    # not up to the default 256 (whose static state store alone is 11.8 GiB for Nemotron-3-Nano)
+    running = {"max_running": calibration["max_requests"]} if state else {}
     config = RunConfig(model=str(config_json), executor="real", device=brd.DEVICE, dtype=dtype,
                        decode_graphs=brd.DEVICE == "cuda", compile_decode=compiled and brd.DEVICE == "cuda",
                        compile_prefill=compiled, prefill_graphs=graphs, real_clock="measured", trace_end_s=None,
                        layout="end_end", compaction="lazy", oversize="reject", kv_cache_dtype=dtype, gpu="h200",
-                       seed=0, scheduler=SchedulerConfig(prefix_cache=not state), **calibration)
+                       seed=0, scheduler=SchedulerConfig(prefix_cache=not state, **running), **calibration)
     s = run(config).summary
     got = {k: s[f"real_non_forward_s{k}_median"] for k in ("", "_decode", "_prefill")}
+    decode = ("decode graphs" if s.get("graph_steps") else
+              f"eager decode ({s['graph_off']})" if s.get("graph_off") else "eager decode")
     print(f"non-forward time on {calibration['trace']} ({s['real_steps']} steps): "
           + ", ".join(f"{k or 'all'} {1e3 * v:.2f} ms" for k, v in got.items() if v is not None), flush=True)
     return {"non_forward_s": got[""], "non_forward_method": (
         f"the real executor's measured step minus its forward (CUDA events), median over the "
         f"{s['real_steps']} steps of a replay of {calibration}, end_end, lazy, "
-        f"{'no prefix cache, eager decode' if state else 'decode graphs'}; "
+        f"{'no prefix cache, ' if state else ''}{decode}; "
         f"decode-only steps {got['_decode']!r} s, steps with a prefill chunk {got['_prefill']!r} s")}
 
 
@@ -472,9 +512,14 @@ COMPILED_METHOD = ("real executor forwards: decode through CUDA graphs per bucke
                    "packed with compiled layers (--compiled), q/k/v and gate/up fused; median of reps after a "
                    "warm-up, CUDA events")
 STATE_METHOD = ("real executor forwards as it runs a model with recurrent state: each prefill chunk alone (packed "
-                "eager), the decoders as one eager [B, 1] forward (no CUDA graphs), each forward's state gathered "
-                "from the requests' pool slots before it and scattered back after (StateBinder), inside the timed "
+                "eager, its state gathered from its pool slot before and scattered back after: StateBinder), the "
+                "decoders as one [B, 1] step through the bucket's CUDA graph (DecodeGraphs with the StateBinder: "
+                "the gather from the requests' pool slots and the scatter back captured inside it), inside the timed "
                 "span; median of reps after a warm-up, CUDA events")
+STATE_EAGER_METHOD = ("real executor forwards as it runs a model with recurrent state: each prefill chunk alone "
+                      "(packed eager), the decoders as one eager [B, 1] forward ({why}), each forward's state "
+                      "gathered from the requests' pool slots before it and scattered back after (StateBinder), "
+                      "inside the timed span; median of reps after a warm-up, CUDA events")
 
 
 def provenance(command: str, revision: str, method: str = METHOD) -> dict:
@@ -567,13 +612,17 @@ def main(argv=None) -> int:
     placed = layers.model_layers(lm.config, real_model.torch_dtype(dtype))
     state = bool(placed.recurrent)
     if state and args.prefill_graphs:
-        print(f"error: --prefill-graphs: {args.model} keeps recurrent state, whose forwards the real executor runs "
-              "eagerly (the state gather / scatter is not captured)", file=sys.stderr)
+        print(f"error: --prefill-graphs: {args.model} keeps recurrent state, whose prefill chunks the real executor "
+              "runs eagerly, one forward each", file=sys.stderr)
         return 2
     if state and args.compiled:
-        print(f"error: --compiled: {args.model} keeps recurrent state, whose forwards the real executor runs "
-              "eagerly (the state gather / scatter is not captured or compiled)", file=sys.stderr)
+        print(f"error: --compiled: {args.model} keeps recurrent state, whose decode graphs the real executor does "
+              "not compile (the compiled layers take no cache) and whose prefill chunks it runs eagerly",
+              file=sys.stderr)
         return 2
+    from unikv.sim.real.graphs import capture_hazard
+
+    graphs_off = capture_hazard(lm) if brd.DEVICE == "cuda" else None  # the executor's DecodeGraphs refuses it
     calibrated = non_forward(config_json, dtype, state, args.compiled, args.prefill_graphs)
     print(f"calibrated ({time.perf_counter() - started:.0f} s since the start)", flush=True)
     command = "python benchmarks/profile_model.py " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -590,8 +639,10 @@ def main(argv=None) -> int:
     fit, held = (STATE_FIT, STATE_HELDOUT) if state else (FIT, HELDOUT)
     for path, grids in ((args.out, fit), (args.heldout, held)):
         data = measure(lm, spec, placed, grids, args.reps, args.mixed_context, heldout=grids is held,
-                       compiled=args.compiled, graphs=args.prefill_graphs)
-        method = STATE_METHOD if state else COMPILED_METHOD if args.compiled else METHOD
+                       compiled=args.compiled, graphs=args.prefill_graphs, state_graphs=graphs_off is None)
+        method = COMPILED_METHOD if args.compiled else METHOD
+        if state:
+            method = STATE_METHOD if graphs_off is None else STATE_EAGER_METHOD.format(why=graphs_off)
         if args.prefill_graphs:
             method += "; prefill / mixed steps of up to 2,048 tokens through CUDA graphs per token bucket"
         prov = provenance(command, args.revision, method)

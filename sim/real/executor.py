@@ -20,7 +20,9 @@ driver (`sim.engine`) calls:
 A model with recurrent layers (Mamba-2, short conv) runs each step as
 several forwards (`state_plans`: each prefill chunk alone, then the
 decoders), its requests' state gathered from their state slots before
-each and scattered back after (`sim.real.state.StateBinder`).
+each and scattered back after (`sim.real.state.StateBinder`); with decode
+graphs the decoders' forward runs through a bucket, the gather and
+scatter inside it (`sim.real.graphs`).
 
 Generated ids are kept per request id (`generated`): a retracted request
 keeps them and its readmission recomputes its prompt and all but the
@@ -55,7 +57,9 @@ class RealExecutor:
         cost: the cost-model executor whose times the clock takes instead
             of the measured ones (None: measured).
         graphs: a `sim.real.graphs.DecodeGraphs` decode-only steps run
-            through (None: every step eagerly).
+            through (None: every step eagerly); with a `binder`, built
+            with the same binder (the decoders' `[B, 1]` forward of each
+            step runs through it, their state slots passed in).
         prefill: a `sim.real.prefill.CompiledPrefill` the packed steps
             (with a prefill chunk) run through (None: eagerly); not with
             a `binder`.
@@ -72,7 +76,7 @@ class RealExecutor:
         for name, value in (("prefill", prefill), ("packed", packed)):
             if value is not None and binder is not None:
                 raise ValueError(f"RealExecutor: {name} (compiled or captured packed steps) with a state binder; "
-                                 f"the recurrent state's forwards run eagerly: expected {name}=None")
+                                 f"a recurrent model's prefill chunks run eagerly, one forward each: expected {name}=None")
         self.mem = memory
         self.model = model
         self.views = views
@@ -100,6 +104,7 @@ class RealExecutor:
         self._marks: tuple[Any, Any] = (None, None)  # the forward's start / end (events or perf_counter)
         self.state_s: list[float] = []  # of the forward, the state gather and scatter of each step (binder)
         self._bind_marks: list[tuple[Any, Any]] = []
+        self.graph_off: str | None = None  # why decode_graphs built no graphs (build_real_executor)
 
     def warm_up(self, max_batch: int) -> None:
         """What an engine does before it serves: one eager forward of a
@@ -144,10 +149,11 @@ class RealExecutor:
         pending = []
         for batch, fresh in batches:
             picks = None
-            through = self.graphs if batch.layout == "padded" else self.packed
-            if through is not None:
-                with torch.inference_mode():
-                    picks = through.run(batch)  # None: no bucket fits, run it as without graphs
+            with torch.inference_mode():  # None: no bucket fits, run it as without graphs
+                if batch.layout == "padded" and self.graphs is not None:
+                    picks = self.graphs.run(batch, self._state_slots(batch) if self.binder is not None else None)
+                elif batch.layout != "padded" and self.packed is not None:
+                    picks = self.packed.run(batch)
             if picks is None:
                 picks = self._forward(batch, fresh)
             pending.append((batch.samplers, picks))
@@ -186,7 +192,7 @@ class RealExecutor:
         kwargs: dict[str, Any] = {"use_cache": False}
         slots = cache = None
         if self.binder is not None:
-            slots = self.mem.pool.translate(_state_ids(batch.requests), self.state_band)
+            slots = self._state_slots(batch)
             start = self._mark()
             cache = self.binder.before(slots, fresh=fresh)
             self._bind_marks.append((start, self._mark()))
@@ -204,6 +210,10 @@ class RealExecutor:
         # packed: logits [1, S, V] at the sampled rows; padded: [B, 1, V], every row samples
         logits = out.logits[0] if batch.layout == "packed" else out.logits[:, -1]
         return logits.argmax(-1)
+
+    def _state_slots(self, batch: StepBatch) -> Any:
+        """The physical state slots of `batch`'s requests (host), in batch order."""
+        return self.mem.pool.translate(_state_ids(batch.requests), self.state_band)
 
     def duration_s(self, plan: StepPlan, moved_bytes: int) -> float:
         """Wait for the step, keep its tokens; its seconds (measured, or the
@@ -415,18 +425,21 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
     block = memory.cache.block_tokens if memory.cache is not None else None
     tokens = TokenSource(vocab_size=int(lm.config.vocab_size), block_tokens=block, seed=config.seed)
     cost = CostModelExecutor(memory, step_cost, kv_read) if config.real_clock == "cost" else None
-    graphs = prefill = None
-    if config.decode_graphs and binder is None:  # the state gather / scatter is not captured: eager decode
+    graphs = prefill = graph_off = None
+    if config.decode_graphs:  # with a binder: the state's gather and scatter run inside each bucket
         from unikv.sim.real.graphs import DecodeGraphs
 
-        graphs = DecodeGraphs(lm, views, bands, device=config.device, max_pages=_max_pages(lm.config, memory),
-                              compile=config.compile_decode, compile_backend=COMPILE_BACKEND)
-    if config.compile_prefill and binder is None:  # the state's forwards run eagerly (the summary says so)
+        try:
+            graphs = DecodeGraphs(lm, views, bands, device=config.device, max_pages=_max_pages(lm.config, memory),
+                                  compile=config.compile_decode, compile_backend=COMPILE_BACKEND, binder=binder)
+        except ValueError as exc:  # a forward a capture cannot take: eager decode, the summary says why
+            graph_off = str(exc)
+    if config.compile_prefill and binder is None:  # a recurrent model's prefill chunks run eagerly (the summary says so)
         from unikv.sim.real.prefill import CompiledPrefill
 
         prefill = CompiledPrefill(lm, views, device=config.device, backend=COMPILE_BACKEND)
     packed = None
-    if config.prefill_graphs and binder is None:  # as the compiled prefill: the state's forwards run eagerly
+    if config.prefill_graphs and binder is None:  # as the compiled prefill: the state's prefill chunks run eagerly
         from unikv.sim.real.packed_graphs import PackedGraphs
 
         packed = PackedGraphs(lm, views, bands, device=config.device, max_pages=_max_pages(lm.config, memory),
@@ -435,6 +448,7 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
                             prefill=prefill, packed=packed, binder=binder,
                             state_band=memory.state_band if binder is not None else None)
     executor.fused = fused
+    executor.graph_off = graph_off
     if executor.cuda and config.real_clock == "measured":  # start-up work an engine does before its clock runs
         executor.warm_up(config.scheduler.max_running)
     return executor
@@ -518,8 +532,8 @@ def executor_summary(config, executor: RealExecutor) -> dict:
     if executor.binder is not None:  # what binding the recurrent state to the pool's slots costs
         out.update(real_state_s_total=sum(executor.state_s),
                    real_state_share_of_forward=sum(executor.state_s) / max(sum(executor.forward_s), 1e-12))
-    if config.decode_graphs and executor.binder is not None:
-        out["graph_off"] = "recurrent state: decode runs eagerly (the state gather / scatter is not captured)"
+    if config.decode_graphs and executor.graphs is None:
+        out["graph_off"] = f"decode runs eagerly: {executor.graph_off}"
     if executor.graphs is not None:
         stats = executor.graphs.stats()
         out.update(graph_steps=stats["steps"], graph_buckets=stats["buckets"], graph_captured=stats["captured"],
@@ -547,7 +561,8 @@ def prefill_summary(executor: RealExecutor) -> dict:
         packed = executor.decode_only.count(False)
         return {"prefill_compiled_steps": 0, "prefill_eager_steps": packed, "prefill_compiles": 0,
                 "prefill_graphs": 0, "prefill_compile_s": 0.0,
-                "prefill_compile_failure": "recurrent state: its forwards run eagerly (the state binder)"}
+                "prefill_compile_failure": "recurrent state: its prefill chunks run eagerly, one forward each "
+                                           "(the state binder)"}
     s = executor.prefill.stats()
     return {"prefill_compiled_steps": s["compiled_steps"], "prefill_eager_steps": s["eager_steps"],
             "prefill_compiles": s["compiles"], "prefill_graphs": s["graphs"], "prefill_compile_s": s["compile_s"],
@@ -565,7 +580,8 @@ def packed_graph_summary(executor: RealExecutor) -> dict:
         return {"packed_graph_steps_captured": 0, "packed_graph_steps_uncaptured": 0,
                 "packed_graph_fallbacks": packed, "packed_graph_buckets": [], "packed_graph_captured": [],
                 "packed_graph_capture_failures": {},
-                "packed_graph_off": "recurrent state: its forwards run eagerly (the state binder)"}
+                "packed_graph_off": "recurrent state: its prefill chunks run eagerly, one forward each "
+                                    "(the state binder)"}
     s = executor.packed.stats()
     out = {"packed_graph_steps_captured": s["steps_captured"], "packed_graph_steps_uncaptured": s["steps_uncaptured"],
            "packed_graph_fallbacks": s["fallbacks"], "packed_graph_buckets": s["buckets"],

@@ -20,6 +20,29 @@ Without `capture` (the CPU) the same static buffers run eagerly: the
 padding and bucketing are the same, only the capture is skipped; the CPU
 tests hold that path's tokens equal to the eager executor's.
 
+With a `StateBinder` (a model with recurrent state: Nemotron-H's Mamba-2
+mixers, LFM2's short conv), each bucket also keeps a static slot index
+`[n]` and a transformers cache of `n` rows whose recurrent tensors stay at
+fixed addresses (`StateBinder.static_cache`): views of one store of the
+largest bucket's rows (`capture_buckets` sizes it first), since one step
+runs at a time (Nemotron-3-Nano keeps 47 MiB of state a row). The bucket's forward gathers
+the batch's state from the pool's state slots by that index into the
+cache (`StateBinder.gather`), runs the model with it (the one-token
+Mamba-2 and short-conv paths update it in place) and scatters it back by
+the same index (`StateBinder.scatter`): all three inside the captured
+region, so a page move between steps changes only the index a step
+copies in. Padding rows read and write `PAD_SLOT`, a slot in the pool's
+sink that no request holds (several padding rows writing it is harmless).
+The cache's attention layers stay empty (`hold_empty`): the pool holds
+their K/V. The step is set with `use_step`, not the forward's keyword,
+since transformers hands that keyword to the Mamba-2 mixer's kernels as
+well. Such a bucket is not compiled (the compiled layers take no cache:
+`stats()` records why). A forward that reads the device on the host
+cannot be captured; `capture_hazard` names the one this model family has
+(transformers' eager MoE experts loop) and the constructor refuses such a
+model with recurrent state (the executor then decodes it eagerly and says
+why); an attention-only model's failed capture stays recorded per bucket.
+
 With `compile`, each decoder layer runs through `torch.compile` (inductor's
 default mode, no CUDA graphs of its own, `fullgraph=True`; `CompiledLayers`),
 so inductor fuses the layer's elementwise work (norms, rotary, activations,
@@ -54,6 +77,38 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # model, pool shape): more than its default 8 per function in a long run;
 # past the limit it would run the function uncompiled without an error
 RECOMPILE_LIMIT = 64
+
+
+def capture_hazard(model) -> str | None:
+    """Why `model`'s decode forward cannot be captured as a CUDA graph
+    (None: nothing known). transformers' one-token Mamba-2 and short-conv
+    paths branch on host values only (shapes, `has_previous_state`,
+    `record_past`); its eager MoE experts loop reads the device: an experts
+    module (a class under `use_experts_implementation`) whose
+    `config._experts_implementation` is "eager" runs the class's own
+    forward, which syncs (`.nonzero()`, `.item()`; Nemotron-H:
+    `NemotronHExperts.forward`). The answer names the first such line of
+    the installed transformers."""
+    import inspect
+
+    for module in model.modules() if model is not None else ():
+        config = getattr(module, "config", None)
+        if not hasattr(module, "is_concatenated") or not hasattr(module, "has_gate") or config is None:
+            continue
+        if getattr(config, "_experts_implementation", None) not in (None, "eager"):
+            continue
+        forward = inspect.unwrap(type(module).forward)
+        lines, first = inspect.getsourcelines(forward)
+        at = next(((first + i, ln.strip()) for i, ln in enumerate(lines)
+                   if any(sync in ln for sync in (".item()", ".nonzero()", ".tolist()"))), None)
+        if at is None:
+            continue
+        path = inspect.getsourcefile(forward) or "?"
+        path = path[path.rfind("transformers/"):] if "transformers/" in path else path
+        return (f"{type(module).__name__}.forward ({path}:{at[0]}: `{at[1]}`) reads the device "
+                f"(experts_implementation='eager'), which a CUDA graph cannot capture; expected "
+                f"experts_implementation='grouped_mm' (transformers' default where it dispatches)")
+    return None
 
 
 def decode_picks(model, ids, pos, ctx) -> Any:
@@ -159,6 +214,10 @@ class _Bucket:
     seq_lens: Any
     rows: Any  # [n, max_pages] int64 virtual pages
     vids: Any  # [n] int64 virtual token ids written
+    slots: Any = None  # [n] int64 state slots (a binder's); padding: PAD_SLOT
+    cache: Any = None  # the binder's static cache of n rows
+    attention: tuple = ()  # its attention layers, held empty
+    empty: Any = None  # the 0-element K/V they hold
     graph: Any = None
     out: Any = None
     compiled: bool = False  # its forward runs the compiled layers
@@ -182,32 +241,52 @@ class DecodeGraphs:
         compile_backend, compile_mode: `torch.compile`'s `backend` and
             `mode` ("inductor" and its default mode; "aot_eager" traces and
             functionalises without generating code: a check on the CPU).
+        binder: the `StateBinder` of a model with recurrent state (None:
+            none); its buckets gather and scatter the state (module doc).
     Raises:
-        ValueError: a compile mode that captures CUDA graphs itself
-            ("reduce-overhead", "max-autotune"): the buckets capture theirs.
+        ValueError: one line: a compile mode that captures CUDA graphs
+            itself ("reduce-overhead", "max-autotune": the buckets capture
+            theirs), or, with `capture` and a `binder`, a model whose
+            forward reads the device (`capture_hazard`; an attention-only
+            model's failed capture is recorded per bucket instead).
     """
 
     def __init__(self, model, views, bands: Sequence[str], *, device: str, max_pages: int,
                  buckets: Sequence[int] = BUCKETS, capture: bool | None = None, compile: bool = False,
-                 compile_backend: str = "inductor", compile_mode: str | None = None) -> None:
+                 compile_backend: str = "inductor", compile_mode: str | None = None, binder=None) -> None:
         if compile_mode in ("reduce-overhead", "max-autotune"):
             raise ValueError(f"DecodeGraphs: compile_mode={compile_mode!r} captures CUDA graphs itself; expected "
                              "None, 'default' or 'max-autotune-no-cudagraphs' (the buckets capture the graphs)")
+        capture = str(device).startswith("cuda") if capture is None else capture
+        # attention-only models keep recording a failed capture per bucket (`failures`), as before
+        hazard = capture_hazard(model) if capture and binder is not None else None
+        if hazard is not None:
+            raise ValueError(f"DecodeGraphs: {hazard}")
         self.model = model
         self.views = views
         self.bands = tuple(bands)
         self.device = device
         self.max_pages = int(max_pages)
         self.buckets = tuple(sorted(buckets))
-        self.capture = str(device).startswith("cuda") if capture is None else capture
+        self.capture = capture
         self.compile = bool(compile)
+        self.binder = binder
+        self.cache_kwarg = ""
+        if binder is not None:
+            from unikv.sim.real.state import cache_kwarg
+
+            self.cache_kwarg = cache_kwarg(model)
         self._buckets: dict[int, _Bucket] = {}
+        self._store: tuple[int, Any] = (0, None)  # a binder's: (rows, the static cache every bucket's is a view of)
         self.failures: dict[int, str] = {}  # bucket -> why its capture failed
         self.compile_failures: dict[int, str] = {}  # bucket -> why its compile (or compiled capture) failed
         self.compile_s: dict[int, float] = {}  # bucket -> seconds of its first (compiling) forward
         self._layers: CompiledLayers | None = None
         self._refused: str | None = None  # why the model cannot be compiled at all
-        if self.compile:
+        if self.compile and binder is not None:
+            self._refused = ("recurrent state: the compiled layers take no cache (the state binder's), so the "
+                             "buckets run uncompiled")
+        elif self.compile:
             self._prepare_compile(compile_backend, compile_mode)
 
     def _prepare_compile(self, backend: Any, mode: str | None) -> None:
@@ -234,14 +313,25 @@ class DecodeGraphs:
         `max_batch` requests can use, as a serving engine does at start-up,
         so that no capture lands inside a step's measured time."""
         top = self.bucket(max_batch) or self.buckets[-1]
+        if self.binder is not None:
+            self._state_store(top)  # one store of the largest bucket's rows: the smaller ones are views of it
         for n in self.buckets:
             if n <= top and n not in self._buckets:
                 self._build(n)
 
-    def run(self, batch) -> Any:
+    def run(self, batch, state_slots=None) -> Any:
         """Greedy next tokens `[B]` of a padded (decode-only) `StepBatch`, or
         None when no bucket fits it or it carries no virtual rows (a
-        `readable` batch): the caller runs it eagerly."""
+        `readable` batch): the caller runs it eagerly.
+
+        Args:
+            batch: the step's `StepBatch`.
+            state_slots: with a binder, the requests' physical state slots
+                `[B]` in batch order (`pool.translate(state ids, band)`).
+        Raises:
+            ValueError: with a binder, no `state_slots`, or host slots that
+                repeat a slot or hold `PAD_SLOT`.
+        """
         b = len(batch.requests)
         n = self.bucket(b)
         if batch.layout != "padded" or n is None or batch.page_rows is None:
@@ -249,27 +339,64 @@ class DecodeGraphs:
         width = int(batch.page_rows.shape[1])
         if width > self.max_pages:
             return None
+        slots = self._slots(state_slots, b)
         st = self._buckets.get(n) or self._build(n)
-        self._fill(st, batch, b, width)
+        self._fill(st, batch, b, width, slots)
         st.steps += 1
         if st.graph is None:
             return self._forward(st)[:b]
         st.graph.replay()
         return st.out[:b]
 
+    def _slots(self, state_slots, b: int) -> Any:
+        """The step's state slots as the binder's device index (None without a binder)."""
+        if self.binder is None:
+            return None
+        import torch
+        from unikv.sim.real.state import PAD_SLOT
+
+        if state_slots is None:
+            raise ValueError("DecodeGraphs.run: a model with recurrent state: expected the batch's state_slots")
+        host = state_slots if isinstance(state_slots, torch.Tensor) else torch.as_tensor(state_slots)
+        if host.device.type == "cpu" and bool((host == PAD_SLOT).any()):
+            raise ValueError(f"DecodeGraphs.run: state_slots={host.tolist()} hold the padding slot {PAD_SLOT} "
+                             "(the pool's sink); expected the requests' own slots")
+        idx = self.binder.slot_index(host)  # refuses repeated host slots
+        if len(idx) != b:
+            raise ValueError(f"DecodeGraphs.run: {len(idx)} state_slots for a batch of {b}; expected one each")
+        return idx
+
     def _static(self, n: int) -> _Bucket:
         import torch
 
         dev = self.device
-        return _Bucket(
+        st = _Bucket(
             ids=torch.zeros((n, 1), dtype=torch.int64, device=dev),
             pos=torch.zeros((n, 1), dtype=torch.int64, device=dev),
             cu_q=torch.arange(n + 1, dtype=torch.int32, device=dev),
             seq_lens=torch.ones(n, dtype=torch.int32, device=dev),
             rows=torch.zeros((n, self.max_pages), dtype=torch.int64, device=dev),
             vids=torch.zeros(n, dtype=torch.int64, device=dev))
+        if self.binder is not None:  # every row pads until a fill: the sink's slot
+            from unikv.sim.real.state import PAD_SLOT
 
-    def _fill(self, st: _Bucket, batch, b: int, width: int) -> None:
+            st.slots = torch.full((n,), PAD_SLOT, dtype=torch.int64, device=dev)
+            st.cache = self.binder.static_cache(n, share=self._state_store(n))
+            st.attention = tuple(self.binder.attention_layers(st.cache))
+            st.empty = torch.empty(0, dtype=self.model.dtype, device=dev)
+        return st
+
+    def _state_store(self, n: int) -> Any:
+        """The static cache the buckets' caches are views of, grown to `n`
+        rows when smaller (a bucket built before keeps the store it views).
+        One step runs at a time, and each forward gathers its rows before
+        it reads them, so buckets may share the rows."""
+        rows, store = self._store
+        if rows < n:
+            self._store = (n, self.binder.static_cache(n))
+        return self._store[1]
+
+    def _fill(self, st: _Bucket, batch, b: int, width: int, slots=None) -> None:
         """Copy the step into the bucket's buffers; the rows past `b` pad.
 
         Only what the last fill left live outside this step's `[b, width]`
@@ -281,12 +408,18 @@ class DecodeGraphs:
         st.seq_lens[:b].copy_(batch.seq_lens, non_blocking=True)
         st.rows[:b, :width].copy_(batch.page_rows, non_blocking=True)
         st.vids[:b].copy_(batch.write_vids, non_blocking=True)
+        if st.slots is not None:
+            st.slots[:b].copy_(slots, non_blocking=True)
         if live_b > b:  # rows the last step used and this one pads
             st.ids[b:live_b].zero_()
             st.pos[b:live_b].zero_()
             st.seq_lens[b:live_b].fill_(1)
             st.rows[b:live_b].zero_()
             st.vids[b:live_b].zero_()
+            if st.slots is not None:
+                from unikv.sim.real.state import PAD_SLOT
+
+                st.slots[b:live_b].fill_(PAD_SLOT)
         if live_w > width:  # columns past this step's widest request
             st.rows[:min(b, live_b), width:live_w].zero_()
         st.filled = (b, width)
@@ -302,6 +435,8 @@ class DecodeGraphs:
         slots = {band: self.views.translate_slots(st.vids, band) for band in self.bands}
         ctx = StepContext(views=self.views, block_tables=tables, cu_q=st.cu_q, seq_lens=st.seq_lens,
                           write_slots=slots, layout="padded", opaque=compiled)
+        if self.binder is not None:
+            return self._state_forward(st, ctx)
         if not compiled or self._layers is None:
             return decode_picks(self.model, st.ids, st.pos, ctx)
         import torch
@@ -314,6 +449,23 @@ class DecodeGraphs:
         with torch.inference_mode(), self._layers.active(self.views, n), torch._dynamo.config.patch(
                 recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
             return decode_picks(self.model, st.ids, st.pos, ctx)
+
+    def _state_forward(self, st: _Bucket, ctx) -> Any:
+        """The forward of a model with recurrent state over the bucket's
+        buffers: gather the rows' state by `st.slots` into the static
+        cache, run the model with it, scatter the state back (all on the
+        device, no host read: the capture records the three)."""
+        from unikv.sim.real.attention import use_step
+        from unikv.sim.real.state import hold_empty
+
+        for layer in st.attention:
+            hold_empty(layer, st.empty)
+        self.binder.gather(st.cache, st.slots)
+        with use_step(ctx):
+            logits = self.model(input_ids=st.ids, position_ids=st.pos, use_cache=True,
+                                **{self.cache_kwarg: st.cache}).logits
+        self.binder.scatter(st.cache, st.slots)
+        return logits[:, -1].argmax(-1)
 
     def _compile(self, st: _Bucket, n: int) -> None:
         """The bucket's step: compiled when the first forward through
@@ -345,7 +497,8 @@ class DecodeGraphs:
     def _build(self, n: int) -> _Bucket:
         """The bucket's buffers and, with `capture`, its graph: two warm-up
         forwards on a side stream, then the capture (the padding rows write
-        only the sink, so warm-up and capture touch no live KV). With
+        only the sink, so warm-up and capture touch no live KV and, with a
+        binder, no live state slot). With
         `compile`, the compiling forward comes first; a compiled forward
         that fails to compile, warm up or capture is recorded and the
         bucket falls back to the uncompiled one."""

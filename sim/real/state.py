@@ -38,6 +38,11 @@ from unikv.tensors import LayerState, StateViews
 if TYPE_CHECKING:
     import torch
 
+PAD_SLOT = 0
+"""The state slot a padding row of a decode bucket reads and writes: slot 0
+lies in the pool's sink (a band's first slot is past the sink,
+`Layout._build_geometry`), so no request ever holds it."""
+
 _MIXER_FIELDS = ("layer_idx", "conv_dim", "conv_kernel_size", "num_heads", "head_dim", "ssm_state_size")
 _SHORT_CONV_FIELDS = ("layer_idx", "conv_kernel_size", "conv", "in_proj", "out_proj")
 
@@ -229,19 +234,71 @@ class StateBinder:
 
         if fresh:
             return DynamicCache(config=self.config)
-        idx = self._index(slots)
+        idx = self.slot_index(slots)
         cache = self._cache if self._cache is not None and self._cache_batch == len(idx) else None
         if cache is None:
             self._cache, self._cache_batch = self._new_cache(idx), len(idx)
             return self._cache
+        for layer in self.attention_layers(cache):
+            _drop_attention(layer)  # attention K/V of the last forward: the pool holds them
+        self.gather(cache, idx)
+        return cache
+
+    def attention_layers(self, cache) -> list:
+        """The layers of `cache` that are not recurrent (attention: the pool holds their K/V)."""
         linear = {g.layer for g in self.layers}
-        for i, layer in enumerate(cache.layers):
-            if i not in linear:
-                _drop_attention(layer)  # attention K/V of the last forward: the pool holds them
+        return [layer for i, layer in enumerate(cache.layers) if i not in linear]
+
+    def gather(self, cache, idx: torch.Tensor) -> None:
+        """Write the state of slots `idx` (`[B]` int64 on the views'
+        device) into the recurrent tensors `cache` holds for `B` rows, in
+        place: their addresses stay, so a CUDA graph may capture this.
+        The oldest conv column is left as it is (it reaches no kept output)."""
         for g in self.layers:
             conv_state(cache, g.layer)[..., 1:] = self.views.get(g.layer, "conv")[idx]
             if g.ssm_shape is not None:
                 torch_index_select(self.views.get(g.layer, "ssm"), idx, recurrent_state(cache, g.layer))
+
+    def scatter(self, cache, idx: torch.Tensor) -> None:
+        """Write the recurrent state `cache` holds back into slots `idx`
+        (`gather`'s index): one index write per tensor, no host read.
+        Rows of `idx` that repeat a slot write it in an unspecified order."""
+        for g in self.layers:
+            conv = self.views.get(g.layer, "conv")
+            # index_put: on the CPU several times faster than index_copy_ into the strided view
+            conv[idx] = conv_state(cache, g.layer)[..., 1:].to(conv.dtype)
+            if g.ssm_shape is not None:
+                ssm = self.views.get(g.layer, "ssm")
+                ssm[idx] = recurrent_state(cache, g.layer).to(ssm.dtype)
+
+    def static_cache(self, n: int, share=None) -> Any:
+        """A cache of `n` rows for `gather` / `scatter` at fixed addresses
+        (a decode bucket's, `sim.real.graphs.DecodeGraphs`).
+
+        It is built for one row through transformers' cache API, then each
+        recurrent layer's tensors (its `conv_states[0]` /
+        `recurrent_states[0]`, `LinearAttentionLayer`, 5.17 and 5.24) are
+        replaced by `n`-row ones, so no `n`-row temporary is made
+        (Nemotron-3-Nano: 47 MiB a row).
+
+        Args:
+            n: the rows.
+            share: a static cache of at least `n` rows whose tensors' first
+                `n` rows become this cache's (buckets that never run at
+                once share one store); None: its own tensors, zeros.
+        """
+        import torch
+
+        device = self.views.get(self.layers[0].layer, "conv").device
+        cache = self._new_cache(torch.full((1,), PAD_SLOT, dtype=torch.int64, device=device))
+        for g in self.layers:
+            held = cache.layers[g.layer]
+            kinds = [(held.conv_states, conv_state)]
+            if g.ssm_shape is not None:
+                kinds.append((held.recurrent_states, recurrent_state))
+            for states, get in kinds:
+                one = states[0]
+                states[0] = one.new_zeros((n, *one.shape[1:])) if share is None else get(share, g.layer)[:n]
         return cache
 
     def _new_cache(self, idx: torch.Tensor) -> Any:
@@ -267,21 +324,22 @@ class StateBinder:
             ValueError: a layer's state is missing from `cache` or its batch
                 differs from `slots`.
         """
-        idx = self._index(slots)
+        idx = self.slot_index(slots)
         for g in self.layers:
             conv = conv_state(cache, g.layer)
             ssm = recurrent_state(cache, g.layer) if g.ssm_shape is not None else conv
             if conv is None or ssm is None or conv.shape[0] != len(idx) or ssm.shape[0] != len(idx):
                 raise ValueError(f"StateBinder.after: layer {g.layer}: the cache holds no state for "
                                  f"the {len(idx)} requests of slots (did the forward run with this cache?)")
-            # index_put: on the CPU several times faster than index_copy_ into the strided view
-            self.views.get(g.layer, "conv")[idx] = conv[..., 1:].to(self.views.get(g.layer, "conv").dtype)
-            if g.ssm_shape is not None:
-                self.views.get(g.layer, "ssm")[idx] = ssm.to(self.views.get(g.layer, "ssm").dtype)
+        self.scatter(cache, idx)
 
-    def _index(self, slots) -> torch.Tensor:
+    def slot_index(self, slots) -> torch.Tensor:
         """`slots` as an int64 index on the views' device; repeats are
-        refused for host slots (a device tensor is not read back: no sync)."""
+        refused for host slots (a device tensor is not read back: no sync).
+
+        Raises:
+            ValueError: host `slots` that repeat a slot.
+        """
         import torch
 
         device = self.views.get(self.layers[0].layer, "conv").device
@@ -300,6 +358,18 @@ def _drop_attention(layer) -> None:
     layer.keys = layer.values = None
     layer.is_initialized = False
     layer.reset()
+
+
+def hold_empty(layer, empty) -> None:
+    """Empty an attention layer of a static cache so that its next `update`
+    allocates nothing but the K/V it returns: `keys` and `values` set to
+    `empty` (a 1-D tensor of 0 elements in the K/V dtype, which `torch.cat`
+    skips), the layer initialised. A layer `_drop_attention` emptied would
+    initialise itself in the next `update` with `torch.tensor([], device=...)`
+    (cache_utils.py, `DynamicLayer.lazy_initialization`, 5.17 and 5.24), a
+    host-built tensor inside a forward that a CUDA graph captures."""
+    layer.keys = layer.values = empty
+    layer.is_initialized = True
 
 
 def conv_state(cache, layer: int):

@@ -36,14 +36,15 @@ def test_each_check_names_why_a_model_cannot_be_profiled(bench, model, refusal):
 
 
 def test_a_model_the_executor_runs_eagerly_is_profilable_but_not_bundled(bench):
-    """Recurrent state keeps every step eager (the gather / scatter is not
-    captured): profile_model may measure it, but an eager forward is not how
-    engines run it, so no profile of it is bundled (and replays keep the
-    roofline); attention-only models are not eager."""
+    """A model with recurrent state runs its prefill chunks eagerly and its
+    captured decode (the state bound inside the decode graphs) is not yet
+    measured on a GPU: profile_model may measure it, but no profile of it
+    is bundled (and replays keep the roofline); attention-only models are
+    not eager."""
     coverage, _ = bench
     nemotron, gemma = coverage.check("nemotron-3-nano-30b-a3b", "h200"), coverage.check("gemma-3-12b", "h200")
     assert nemotron.eager and not nemotron.profiled and nemotron.refusal() is None
-    assert nemotron.short_refusal().startswith("the executor runs it eagerly")
+    assert nemotron.short_refusal().startswith("recurrent state: its captured decode not yet measured")
     assert not gemma.eager and gemma.profiled
 
 

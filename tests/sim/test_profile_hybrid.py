@@ -5,8 +5,9 @@ The model is Nemotron-H-56B's config trimmed to 4 layers (mamba, attention,
 mamba, MLP), hidden 64, random weights, bf16 on the CPU (unikv sizes conv
 state in 2 bytes, which the executor's state band must equal). The script
 runs every point as the real executor runs a model with recurrent state
-(each chunk alone, the decoders as one `[B, 1]` forward, the state gathered
-from and scattered to the pool's state slots around each) and writes a
+(each chunk alone, the decoders as one `[B, 1]` step through the decode
+graphs' bucket, the state gathered from and scattered to the pool's state
+slots around each forward, inside the bucket for the decoders) and writes a
 `"step_forwards": "per_chunk"` profile; a cost-model replay of the same
 config on the h200 then prices its steps from it.
 """
@@ -65,8 +66,10 @@ def test_the_smoke_profile_is_written_per_chunk_and_loads(smoke):
     fit, held = StepProfile.load(profiles / f"{NAME}__h200.json"), StepProfile.load(heldout)
     for prof in (fit, held):
         assert (prof.model, prof.gpu, prof.step_forwards) == (NAME, "h200", "per_chunk")
-        assert "StateBinder" in prof.provenance["method"] and "no prefix cache, eager decode" in \
-            prof.provenance["non_forward_method"]
+        # decode points through the buckets' graphs, the state bound inside them (uncaptured on the CPU);
+        # the CPU's calibration replay decodes eagerly (decode_graphs only on CUDA)
+        assert "DecodeGraphs with the StateBinder" in prof.provenance["method"]
+        assert "no prefix cache, eager decode" in prof.provenance["non_forward_method"]
         assert prof.non_forward_s > 0 and "decode-only steps None" not in prof.provenance["non_forward_method"]
     assert fit.prefill.rows == (16, 32) and fit.decode.cols == (16, 40) and held.mixed.rows == (24, 48)
     assert all(t > 0 for grid in (fit.prefill, fit.decode, fit.mixed) for row in grid.forward_s for t in row)

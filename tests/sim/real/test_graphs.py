@@ -25,15 +25,20 @@ def test_each_fill_leaves_the_batch_and_padding_only_whatever_the_steps_before_h
     """Batches of growing and shrinking size and width through one bucket:
     after every fill the buffers equal the batch in `[:b, :width]` and the
     padding (token 0, position 0, KV length 1, virtual row 0, virtual id 0:
-    the sink) everywhere else, though a fill only resets what the last one
-    left live."""
+    the sink; state slot PAD_SLOT, in the sink too) everywhere else, though
+    a fill only resets what the last one left live."""
+    from unikv.sim.real.state import PAD_SLOT
+
     rng = np.random.default_rng(0)
     graphs = DecodeGraphs(None, None, ["full"], device="cpu", max_pages=9, capture=False)
     st = graphs._static(8)
+    st.slots = torch.full((8,), PAD_SLOT, dtype=torch.int64)  # as a binder's bucket holds them
     for _ in range(60):
         b, width = int(rng.integers(1, 9)), int(rng.integers(1, 10))
         x = batch(rng, b, width)
-        graphs._fill(st, x, b, width)
+        slots = torch.from_numpy(rng.permutation(np.arange(1, 20))[:b])
+        graphs._fill(st, x, b, width, slots)
+        assert torch.equal(st.slots[:b], slots) and bool((st.slots[b:] == PAD_SLOT).all())
         assert torch.equal(st.ids[:b], x.input_ids) and not st.ids[b:].any()
         assert torch.equal(st.pos[:b], x.position_ids) and not st.pos[b:].any()
         assert torch.equal(st.seq_lens[:b], x.seq_lens) and bool((st.seq_lens[b:] == 1).all())

@@ -320,3 +320,24 @@ def test_state_accessors_read_a_cache_without_the_getters_as_transformers_5_17_k
     cache = SimpleNamespace(layers=[held, empty])
     assert conv_state(cache, 0) is conv and recurrent_state(cache, 0) is ssm
     assert conv_state(cache, 1) is None and recurrent_state(cache, 1) is None
+
+
+def test_decode_buckets_share_one_static_state_store(pool_model):
+    """A hybrid's decode buckets (`DecodeGraphs` with the binder) keep their
+    static caches as views of one store of the largest bucket's rows
+    (sized by `capture_buckets`): one step runs at a time, and a store per
+    bucket would double the state memory (47 MiB a row for
+    Nemotron-3-Nano). Each view has its bucket's rows; the attention
+    layers stay empty."""
+    from unikv.sim.real.graphs import DecodeGraphs
+
+    run = PoolRun(pool_model)
+    graphs = DecodeGraphs(pool_model, run.kv, ["full"], device="cpu", max_pages=8, binder=run.binder)
+    graphs.capture_buckets(5)
+    assert graphs.stats()["buckets"] == [1, 2, 4, 8]
+    for g in run.binder.layers:
+        convs = [conv_state(graphs._buckets[n].cache, g.layer) for n in (1, 2, 4, 8)]
+        ssms = [recurrent_state(graphs._buckets[n].cache, g.layer) for n in (1, 2, 4, 8)]
+        assert [t.shape[0] for t in convs] == [t.shape[0] for t in ssms] == [1, 2, 4, 8]
+        assert len({t.data_ptr() for t in convs}) == len({t.data_ptr() for t in ssms}) == 1
+    assert graphs._buckets[8].cache.layers[ATTN].keys is None

@@ -17,6 +17,14 @@ state from position 0 in a new slot); the test counts both and fails
 without them, then compares every generated token with transformers' own
 greedy `generate` of the request alone (its own cache, the same weights).
 A control that starts every forward from zero state changes tokens.
+
+With decode graphs (`sim.real.graphs.DecodeGraphs` with the state binder),
+24 requests (16 and more decoding together) run their decoders through the
+buckets, the state gathered and scattered inside each bucket's forward: the
+tokens are transformers' again, the padding rows touch no live slot (the
+padding slot poisoned with NaN, every other slot's bytes checked), and the
+bucket forwards read no tensor on the host; on a GPU every bucket is
+captured (`-m gpu`).
 """
 
 from __future__ import annotations
@@ -63,11 +71,19 @@ LFM2 = {"architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "hidden_size
         "pad_token_id": 0}
 
 
+# Nemotron-3-Nano-30B-A3B (Mamba-2 + attention + MoE, `NemotronHMoE`) trimmed as TRIM, its MoE to 8 experts
+NANO = SOURCE.parent / "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16_config.json"
+NANO_TRIM = TRIM | {"hybrid_override_pattern": "M*ME", "n_routed_experts": 8, "num_experts_per_tok": 2,
+                    "moe_intermediate_size": 32, "moe_shared_expert_intermediate_size": 64, "n_group": 1,
+                    "topk_group": 1}
+
+
 def config_file(tmp_path: Path, name: str = "nemotron_h") -> Path:
     if name == "lfm2":
         raw = LFM2
     else:
-        raw = json.loads(SOURCE.read_text()) | TRIM
+        raw = json.loads((NANO if name == "nemotron_moe" else SOURCE).read_text())
+        raw |= NANO_TRIM if name == "nemotron_moe" else TRIM
         raw.pop("auto_map", None)
     path = tmp_path / name / "config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -75,12 +91,13 @@ def config_file(tmp_path: Path, name: str = "nemotron_h") -> Path:
     return path
 
 
-def trace() -> pd.DataFrame:
-    """18 requests, one every 2 ms, no prefix hashes (the real executor
-    refuses prefix caching for recurrent models)."""
+def trace(n: int = N, outputs: tuple[int, int] = (2, 12), every_s: float = 0.002) -> pd.DataFrame:
+    """`n` requests (prompts 5-39 tokens, outputs in `outputs`), one every
+    `every_s`, no prefix hashes (the real executor refuses prefix caching
+    for recurrent models)."""
     rng = np.random.default_rng(1)
-    return pd.DataFrame({"arrival_s": np.arange(N) * 0.002, "prompt_tokens": rng.integers(5, 40, N),
-                         "output_tokens": rng.integers(2, 12, N)})
+    return pd.DataFrame({"arrival_s": np.arange(n) * every_s, "prompt_tokens": rng.integers(5, 40, n),
+                         "output_tokens": rng.integers(*outputs, n)})
 
 
 def fp32_conv(spec: ModelSpec) -> ModelSpec:
@@ -95,9 +112,14 @@ def fp32_conv(spec: ModelSpec) -> ModelSpec:
 
 
 def replay(tmp_path, monkeypatch, compaction: str, *, zero_state: bool = False, clock: str = "cost",
-           name: str = "nemotron_h", budget_gib: float = BUDGET_GIB, graphs: bool = False):
-    """Run the trace; returns (result, executor, generated counts at each
-    retraction, chunks that continued a prefill from its slot's state)."""
+           name: str = "nemotron_h", budget_gib: float = BUDGET_GIB, graphs: bool = False, on_build=None,
+           requests: pd.DataFrame | None = None, running: int = 16, prefill_tokens: int = 16,
+           device: str = "cpu"):
+    """Run the trace (`requests`, default `trace()`) with at most `running`
+    requests and `prefill_tokens` prefill tokens a step; returns (result,
+    executor, generated counts at each retraction, chunks that continued a
+    prefill from its slot's state). `on_build`: called with the executor
+    once built."""
     load = sim_run.load_model
     monkeypatch.setattr(sim_run, "load_model", lambda *a, **k: fp32_conv(load(*a, **k)))
     built, retracted_at, continued = {}, [], []
@@ -108,6 +130,8 @@ def replay(tmp_path, monkeypatch, compaction: str, *, zero_state: bool = False, 
         if zero_state:  # the control: every forward starts from no state, as without the binder
             before = ex.binder.before
             ex.binder.before = lambda slots, fresh=False: before(slots, fresh=True)
+        if on_build is not None:
+            on_build(ex)
         return built.setdefault("ex", ex)
 
     monkeypatch.setattr(real_executor, "build_real_executor", building)
@@ -128,12 +152,13 @@ def replay(tmp_path, monkeypatch, compaction: str, *, zero_state: bool = False, 
     monkeypatch.setattr(real_executor, "state_plans", splitting)
     monkeypatch.setattr(real_executor, "build_batch", lockstep_build)
     config = RunConfig(trace="test", model=str(config_file(tmp_path, name)), kv_cache_dtype="fp32",
-                       executor="real", real_clock=clock, decode_graphs=graphs, kv_budget_gib=budget_gib,
+                       executor="real", real_clock=clock, decode_graphs=graphs, kv_budget_gib=budget_gib, device=device,
                        page_size=4, layout="end_end",
                        compaction=compaction, check_every=1, scheduler=SchedulerConfig(
-                           max_running=16, prefill_tokens_per_step=16, reserve_init=0.0, reserve_min=0.0,
-                           reserve_decay=0.0, prefix_cache=False))
-    return sim_run.run(config, trace_df=trace()), built["ex"], retracted_at, continued
+                           max_running=running, prefill_tokens_per_step=prefill_tokens, reserve_init=0.0,
+                           reserve_min=0.0, reserve_decay=0.0, prefix_cache=False))
+    res = sim_run.run(config, trace_df=trace() if requests is None else requests)
+    return res, built["ex"], retracted_at, continued
 
 
 def lockstep_build(plan, pool, *args, **kwargs):
@@ -147,15 +172,19 @@ def lockstep_build(plan, pool, *args, **kwargs):
 
 
 def references(model, ex, requests: pd.DataFrame) -> dict[int, list[int]]:
-    """transformers' own greedy generation of each request alone (its own cache)."""
+    """transformers' own greedy generation of each request alone (its own
+    cache), past the eos token as the replay goes (no stop tokens: the
+    trace's output length ends a request)."""
     model.set_attn_implementation("eager")
+    eos, model.generation_config.eos_token_id = model.generation_config.eos_token_id, None
     out = {}
     with torch.inference_mode():
         for rid, prompt, n in zip(requests["rid"], requests["prompt_tokens"], requests["output_tokens"]):
-            ids = torch.as_tensor(ex.tokens.prompt(Request(int(rid), 0.0, int(prompt), int(n))))[None]
+            ids = torch.as_tensor(ex.tokens.prompt(Request(int(rid), 0.0, int(prompt), int(n))))[None].to(model.device)
             gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=int(n), do_sample=False,
                                  pad_token_id=0)
             out[int(rid)] = gen[0, ids.shape[1]:].tolist()
+    model.generation_config.eos_token_id = eos
     return out
 
 
@@ -204,16 +233,199 @@ def test_the_forward_timing_spans_every_sub_forward_of_a_step(tmp_path, monkeypa
     assert 0 < res.summary["real_state_share_of_forward"] < 1
 
 
-def test_decode_graphs_are_off_for_a_recurrent_model_and_the_summary_says_so(tmp_path, monkeypatch, one_thread):
-    """The state gather / scatter around a decode is not captured: with
-    `decode_graphs` a hybrid decodes eagerly (tokens unchanged); the
-    summary says why. Attention-only models keep their graphs
-    (`test_executor.py`)."""
+HOST_READS = {"aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::nonzero", "aten::equal",
+              "aten::masked_select", "aten::unique", "aten::_unique2", "aten::unique_consecutive"}
+"""Operators that read a tensor's data on the host (`.item()`, `bool(t)`,
+one-argument `torch.where`, ...) or size their output by it: a CUDA graph
+capture cannot hold them. (`.tolist()` and `.cpu()` do not dispatch such an
+operator on the CPU: not seen here.)"""
+
+
+# unikv's own bounds check of a KV write on CPU tensors (`KVViews.write`, `s.device.type == "cpu"`): not on CUDA
+CPU_ONLY_READS = {"unikv/tensors/kv.py:write"}
+
+
+class HostReads:
+    """Records the `HOST_READS` operators run inside `with HostReads() as
+    reads:` as (operator, "file:function" of the innermost caller outside
+    torch) in `reads.seen`."""
+
+    def __enter__(self):
+        import traceback
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        seen = self.seen = []
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func._schema.name in HOST_READS:
+                    frame = next(f for f in reversed(traceback.extract_stack()[:-1])
+                                 if "/torch/" not in f.filename)
+                    path = frame.filename
+                    for root in ("transformers/", "unikv/", "sim/"):
+                        if root in path:
+                            path = path[path.rfind(root):]
+                            break
+                    seen.append((func._schema.name, f"{path}:{frame.name}"))
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+def watch_graph_steps(ex, seen: list, *, poison: bool, host_reads: list | None = None) -> None:
+    """Wrap the executor's decode graphs: each step a bucket runs appends
+    (requests, bucket) to `seen`, and after it every occupied slot of the
+    state band other than the step's requests' must hold the bytes it held
+    before (so padding rows wrote no live slot) and the requests' slots
+    finite state, and the bucket's cache must keep its state tensors where
+    they were (what a captured graph reads and writes: transformers'
+    one-token paths update them in place). With `poison`, slot PAD_SLOT
+    (the padding rows' slot) is filled with NaN before each step: a live row that read it, or a
+    padding row's state written to a live slot, would turn a request's
+    state NaN and change its tokens. `host_reads`: the `HOST_READS`
+    operators each bucket forward (what a capture records: gather,
+    forward, scatter) ran are appended to it."""
+    from unikv.sim.real.state import PAD_SLOT, conv_state, recurrent_state
+
+    graphs, pool, band = ex.graphs, ex.mem.pool, ex.state_band
+    entry = pool.layout.geometry(band).band.entry_bytes
+    tensors = [ex.binder.views.get(g.layer, name) for g in ex.binder.layers
+               for name in (("conv", "ssm") if g.ssm_shape is not None else ("conv",))]
+    run, forward = graphs.run, graphs._forward
+    if host_reads is not None:
+        def reading_forward(st, *args, **kwargs):
+            with HostReads() as reads:
+                out = forward(st, *args, **kwargs)
+            host_reads.extend(reads.seen)
+            return out
+
+        graphs._forward = reading_forward
+    addresses: dict[int, list[int]] = {}  # bucket -> its cache's state tensors' addresses
+
+    def cache_addresses(n: int) -> list[int]:
+        cache = graphs._buckets[n].cache
+        return [f(cache, g.layer).data_ptr() for g in ex.binder.layers for f in (conv_state, recurrent_state)
+                if g.ssm_shape is not None or f is conv_state]
+
+    def watched(batch, state_slots=None):
+        if poison:
+            for t in tensors:
+                t[PAD_SLOT] = float("nan")
+        before = torch.as_tensor(pool.buffer_view(band)).clone()
+        picks = run(batch, state_slots)
+        if picks is None:
+            return picks
+        b = len(batch.requests)
+        seen.append((b, graphs.bucket(b)))
+        assert addresses.setdefault(seen[-1][1], cache_addresses(seen[-1][1])) == cache_addresses(seen[-1][1])
+        occupied = pool.occupancy()["bands"][band]
+        lo, hi = occupied["low_byte"] // entry, occupied["high_byte"] // entry
+        assert lo > PAD_SLOT
+        after = torch.as_tensor(pool.buffer_view(band))
+        changed = {lo + int(i) for i in torch.nonzero((after[lo:hi] != before[lo:hi]).any(dim=1)).flatten()}
+        assert changed <= {int(x) for x in state_slots}, (changed, list(state_slots))
+        idx = torch.as_tensor(np.asarray(state_slots), device=tensors[0].device)
+        assert all(bool(torch.isfinite(t[idx]).all()) for t in tensors)
+        return picks
+
+    graphs.run = watched
+
+
+# the graphs' replay: 24 requests (outputs 8-29), one every ms, up to 24 running and 256 prefill tokens a
+# step, under budgets where 16 and more decode together, a slot moves and requests are retracted mid-generation
+GRAPH_CASES = [("nemotron_h", "lazy", 400_000), ("lfm2", "eager", 150_000), ("nemotron_moe", "lazy", 400_000)]
+GPU = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"), pytest.mark.gpu]
+
+
+@pytest.mark.parametrize("name,compaction,budget_bytes,device", [(*c, "cpu") for c in GRAPH_CASES]
+                         + [pytest.param(*c, "cuda", marks=GPU) for c in GRAPH_CASES])
+def test_decode_graphs_of_a_hybrid_give_transformers_greedy_tokens_and_pad_only_the_sink_slot(
+        tmp_path, monkeypatch, one_thread, name, compaction, budget_bytes, device):
+    """With `decode_graphs` a hybrid's decoders run through the buckets'
+    static buffers, the state gathered and scattered inside them (captured
+    on CUDA; uncaptured here): every request's tokens equal transformers'
+    greedy `generate` with its own cache (as the eager path's do,
+    `test_a_hybrids_replay_...`) with 16 and more requests decoding
+    together, steps were padded to their bucket, and no padding row
+    touched a live slot (`watch_graph_steps`, the padding slot poisoned
+    with NaN before every step). On CUDA every bucket is captured (the
+    gather, the forward and the scatter in one graph) and replayed."""
+    seen: list[tuple[int, int]] = []
+    reads: list[str] = []
+    res, ex, retracted_at, _ = replay(tmp_path, monkeypatch, compaction, name=name, budget_gib=budget_bytes / 2**30,
+                                      graphs=True, on_build=lambda ex: watch_graph_steps(ex, seen, poison=True,
+                                                                                         host_reads=reads),
+                                      requests=trace(24, (8, 30), 0.001), running=24, prefill_tokens=256,
+                                      device=device)
+    assert res.violations == [] and ex.graphs is not None and "graph_off" not in res.summary
+    assert res.summary["graph_steps"] == len(seen) > 0 and res.summary["graph_capture_failures"] == {}
+    captured = res.summary["graph_captured"]
+    assert captured == (sorted({n for _, n in seen}) if device == "cuda" else [])
+    if device == "cpu":  # on CUDA the captured steps replay without Python: only the capture's forward runs it
+        assert {where for _, where in reads} <= CPU_ONLY_READS, f"host reads in a bucket forward: {set(reads)}"
+    assert sum(b < n for b, n in seen) >= 10, f"too few steps padded to their bucket: {seen}"
+    assert max(b for b, _ in seen) >= 16 and {1, 4, 8, 16} <= {n for _, n in seen}
+    assert any(g > 0 for g in retracted_at) and ex.mem.pool.stats()["bands"]["mamba"]["moves"] > 0
+    want = references(ex.model, ex, res.requests)
+    for rid in want:
+        assert ex.generated[rid] == want[rid], f"request {rid}"
+
+
+def test_decode_graphs_refused_for_a_model_run_eagerly_and_the_summary_says_why(tmp_path, monkeypatch, one_thread):
+    """A `DecodeGraphs` that refuses the model (as it does a capture of
+    transformers' eager MoE loop, below) leaves decode eager: the tokens
+    are transformers', and the summary's `graph_off` gives the reason."""
+    from unikv.sim.real import graphs as graphs_module
+
+    class Refusing(graphs_module.DecodeGraphs):
+        def __init__(self, *args, **kwargs):
+            raise ValueError("DecodeGraphs: refused for this test")
+
+    monkeypatch.setattr(graphs_module, "DecodeGraphs", Refusing)
     res, ex, _, _ = replay(tmp_path, monkeypatch, "lazy", name="lfm2", budget_gib=BUDGETS["lfm2"], graphs=True)
     assert ex.graphs is None and "graph_steps" not in res.summary
-    assert res.summary["graph_off"].startswith("recurrent state: decode runs eagerly")
+    assert res.summary["graph_off"] == "decode runs eagerly: DecodeGraphs: refused for this test"
     want = references(ex.model, ex, res.requests)
     assert all(ex.generated[rid] == want[rid] for rid in want)
+
+
+def test_a_capture_of_transformers_eager_moe_loop_is_refused_naming_its_line(tmp_path):
+    """transformers' eager experts loop (`NemotronHExperts.forward`) reads
+    the device (`.nonzero()`, `.item()`): with capture on and a state
+    binder, `DecodeGraphs` refuses the model in one line naming the
+    function, file and line;
+    grouped_mm (transformers' default where it dispatches) syncs nowhere
+    and is taken, and without capture (the CPU) the eager loop runs."""
+    from unikv.sim.real import model as real_model
+    from unikv.sim.real.graphs import DecodeGraphs, capture_hazard
+
+    lm = real_model.build_model(config_file(tmp_path, "nemotron_moe"), dtype="fp32", device="cpu", seed=0)
+    binder = object()  # the constructor only keeps it: the buckets are not built here
+    assert lm.config._experts_implementation == "grouped_mm" and capture_hazard(lm) is None
+    DecodeGraphs(lm, None, ["full"], device="cpu", max_pages=4, capture=True, binder=binder)
+    lm.set_experts_implementation("eager")
+    with pytest.raises(ValueError, match=r"^DecodeGraphs: NemotronHExperts\.forward \(transformers/models/nemotron_h/"
+                                         r"modeling_nemotron_h\.py:\d+: `[^`\n]*\.(nonzero|item)\(\)[^\n]*$"):
+        DecodeGraphs(lm, None, ["full"], device="cpu", max_pages=4, capture=True, binder=binder)
+    DecodeGraphs(lm, None, ["full"], device="cpu", max_pages=4, capture=False, binder=binder)
+    moe = next(m for m in lm.modules() if type(m).__name__ == "NemotronHMoE")  # the detector the replay test uses
+    hidden = torch.randn(4, 1, lm.config.hidden_size)
+    with torch.inference_mode(), HostReads() as eager:
+        moe(hidden)
+    lm.set_experts_implementation("grouped_mm")
+    with torch.inference_mode(), HostReads() as grouped:
+        moe(hidden)
+    experts = "transformers/models/nemotron_h/modeling_nemotron_h.py:forward"
+    assert {("aten::nonzero", experts), ("aten::item", experts)} <= set(eager.seen)
+    assert grouped.seen == []
+    # without a binder (attention-only models): a failed capture stays recorded per bucket, as before
+    DecodeGraphs(lm, None, ["full"], device="cpu", max_pages=4, capture=True)
 
 
 def test_unikv_replay_of_a_bundled_slice_with_a_hybrid_writes_the_cost_replays_tables(tmp_path, one_thread):
