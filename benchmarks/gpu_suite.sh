@@ -17,6 +17,11 @@
 #           the bundled profiled models (about 200-270 s each; MODELS
 #           names a subset, e.g. MODELS="gemma-3-12b gpt-oss-20b", to fit
 #           a device call's 600 s).
+#   hybrid  benchmarks/profile_model.py for nemotron-3-nano-30b-a3b, the
+#           model with recurrent state: decode through the decode graphs'
+#           buckets (the state's gather and scatter captured inside them),
+#           prefill chunks eager (--compiled and --prefill-graphs are
+#           refused for it); to decide whether it can be bundled.
 # Logs and outputs go to $OUT (default results/real/h200).
 #
 #   bash benchmarks/gpu_suite.sh tests check    # one device call
@@ -78,8 +83,14 @@ for part in "$@"; do
                 --revision "$(cat REVISION 2>/dev/null || echo unknown)" 2>&1 | tee "$out/${model}_profile.log"
         done
         ;;
+    hybrid)
+        model=nemotron-3-nano-30b-a3b
+        python3 benchmarks/profile_model.py --model "$model" --gpu h200 --reps 5 \
+            --out "$out/profiles/${model}__h200.json" --heldout "$out/profiles/${model}__h200_heldout.json" \
+            --revision "$(cat REVISION 2>/dev/null || echo unknown)" 2>&1 | tee "$out/${model}_profile.log"
+        ;;
     *)
-        echo "error: unknown part $part (tests, check, bench, overlap, validate, profiles)" >&2
+        echo "error: unknown part $part (tests, check, bench, overlap, validate, profiles, hybrid)" >&2
         exit 2
         ;;
     esac
