@@ -391,8 +391,7 @@ class DecodeGraphs:
         rows when smaller (a bucket built before keeps the store it views).
         One step runs at a time, and each forward gathers its rows before
         it reads them, so buckets may share the rows."""
-        rows, store = self._store
-        if rows < n:
+        if self._store[0] < n:
             self._store = (n, self.binder.static_cache(n))
         return self._store[1]
 
