@@ -655,6 +655,10 @@ def main(argv=None) -> int:
             from unikv.sim.real.packed_graphs import PACKED_BUCKETS
 
             profile["packed_buckets"] = list(PACKED_BUCKETS)
+        if not state or graphs_off is None:  # decode through DecodeGraphs, each batch padded to its bucket
+            from unikv.sim.real.graphs import BUCKETS
+
+            profile["decode_buckets"] = list(BUCKETS)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(profile, indent=1) + "\n")
         print(f"wrote {path} ({time.perf_counter() - started:.0f} s since the start)", flush=True)

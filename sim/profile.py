@@ -154,6 +154,9 @@ class StepProfile:
             A step of T prefill and decode tokens, T <= the largest bucket,
             then costs what the grids measured at its bucket's size
             (`padded`): every prefill and mixed point was measured so.
+        decode_buckets: the batch sizes the measured executor padded a
+            decode step up to (`sim.real.graphs.BUCKETS`: its decode CUDA
+            graphs), or () where it ran every decode step at its own batch.
         path: the file it was read from (None: built in memory).
     """
 
@@ -168,6 +171,7 @@ class StepProfile:
     moe_touch: tuple[tuple[int, float], ...] = ()
     step_forwards: str = "packed"
     packed_buckets: tuple[int, ...] = ()
+    decode_buckets: tuple[int, ...] = ()
     path: Path | None = None
     # with packed_buckets: the prefill grid over its rows' bucket sizes, and per mixed column
     # (batch b) the rows' bucket sizes less b with log1p of each (`_mixed_at`)
@@ -278,7 +282,7 @@ class StepProfile:
         if not isinstance(data, Mapping):
             raise ValueError("the top level must be a JSON object")
         known = {"format", "version", "model", "gpu", "provenance", "non_forward_s", "moe_touch", "step_forwards",
-                 "packed_buckets", *GRIDS}
+                 "packed_buckets", "decode_buckets", *GRIDS}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown fields {unknown}; valid: {sorted(known)}")
@@ -303,7 +307,8 @@ class StepProfile:
                    prefill=_grid("prefill", data["prefill"], linear_cols=True), decode=_grid("decode", data["decode"]),
                    mixed=_grid("mixed", data["mixed"], extra=("context_tokens",)),
                    mixed_context_tokens=context, moe_touch=_moe_touch(data.get("moe_touch", [])),
-                   step_forwards=forwards, packed_buckets=_buckets(data.get("packed_buckets", [])), path=path)
+                   step_forwards=forwards, packed_buckets=_buckets("packed_buckets", data.get("packed_buckets", [])),
+                   decode_buckets=_buckets("decode_buckets", data.get("decode_buckets", [])), path=path)
 
     def forward_s(self, *, chunk_tokens: float, cached_tokens: float, batch: int,
                   context_tokens: float) -> tuple[float, bool]:
@@ -368,11 +373,12 @@ def _provenance(value: Any) -> dict[str, str]:
     return dict(value)
 
 
-def _buckets(value: Any) -> tuple[int, ...]:
+def _buckets(name: str, value: Any) -> tuple[int, ...]:
     ok = (isinstance(value, Sequence) and not isinstance(value, str)
           and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in value))
     if not ok or any(b <= a for a, b in zip(value, value[1:])):
-        raise ValueError(f"packed_buckets={value!r} must be a strictly increasing list of positive token counts")
+        raise ValueError(f"{name}={value!r} must be a strictly increasing list of positive "
+                         f"{'token counts' if name == 'packed_buckets' else 'batch sizes'}")
     return tuple(value)
 
 

@@ -245,6 +245,11 @@ operator on the CPU: not seen here.)"""
 CPU_ONLY_READS = {"unikv/tensors/kv.py:write"}
 
 
+# torch's own package directory: a frame inside it is torch's, a frame of a package installed beside it
+# (transformers in /opt/torch/.venv/..., as on the H200) is not
+TORCH_DIR = str(Path(torch.__file__).parent) + "/"
+
+
 class HostReads:
     """Records the `HOST_READS` operators run inside `with HostReads() as
     reads:` as (operator, "file:function" of the innermost caller outside
@@ -261,7 +266,7 @@ class HostReads:
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 if func._schema.name in HOST_READS:
                     frame = next(f for f in reversed(traceback.extract_stack()[:-1])
-                                 if "/torch/" not in f.filename)
+                                 if not f.filename.startswith(TORCH_DIR))
                     path = frame.filename
                     for root in ("transformers/", "unikv/", "sim/"):
                         if root in path:
@@ -330,7 +335,7 @@ def watch_graph_steps(ex, seen: list, *, poison: bool, host_reads: list | None =
         after = torch.as_tensor(pool.buffer_view(band))
         changed = {lo + int(i) for i in torch.nonzero((after[lo:hi] != before[lo:hi]).any(dim=1)).flatten()}
         assert changed <= {int(x) for x in state_slots}, (changed, list(state_slots))
-        idx = torch.as_tensor(np.asarray(state_slots), device=tensors[0].device)
+        idx = torch.as_tensor(state_slots, device=tensors[0].device)
         assert all(bool(torch.isfinite(t[idx]).all()) for t in tensors)
         return picks
 
