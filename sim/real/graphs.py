@@ -38,8 +38,10 @@ their K/V. The step is set with `use_step`, not the forward's keyword,
 since transformers hands that keyword to the Mamba-2 mixer's kernels as
 well. Such a bucket is not compiled (the compiled layers take no cache:
 `stats()` records why). A forward that reads the device on the host
-cannot be captured; `capture_hazard` names the one this model family has
-(transformers' eager MoE experts loop) and the constructor refuses such a
+cannot be captured; `capture_hazard` names the ones this model family has
+(transformers' eager MoE experts loop; its grouped_mm experts on CUDA with
+weights other than bf16, or off compute capability 9.x / 10.x, where
+torch's grouped_mm copies its offsets to the host) and the constructor refuses such a
 model with recurrent state (the executor then decodes it eagerly and says
 why); an attention-only model's failed capture stays recorded per bucket.
 
@@ -88,12 +90,19 @@ def capture_hazard(model) -> str | None:
     `config._experts_implementation` is "eager" runs the class's own
     forward, which syncs (`.nonzero()`, `.item()`; Nemotron-H:
     `NemotronHExperts.forward`). The answer names the first such line of
-    the installed transformers."""
+    the installed transformers. Its grouped_mm experts sync on CUDA unless
+    their weights are bf16 on compute capability 9.x / 10.x
+    (`_grouped_mm_hazard`)."""
     import inspect
 
     for module in model.modules() if model is not None else ():
         config = getattr(module, "config", None)
         if not hasattr(module, "is_concatenated") or not hasattr(module, "has_gate") or config is None:
+            continue
+        if getattr(config, "_experts_implementation", None) == "grouped_mm":
+            why = _grouped_mm_hazard(module)
+            if why is not None:
+                return why
             continue
         if getattr(config, "_experts_implementation", None) not in (None, "eager"):
             continue
@@ -109,6 +118,29 @@ def capture_hazard(model) -> str | None:
                 f"(experts_implementation='eager'), which a CUDA graph cannot capture; expected "
                 f"experts_implementation='grouped_mm' (transformers' default where it dispatches)")
     return None
+
+
+def _grouped_mm_hazard(experts) -> str | None:
+    """Why transformers' grouped_mm experts (`integrations/moe.py`,
+    `_grouped_mm` -> `torch.nn.functional.grouped_mm`) read the device on
+    CUDA for `experts`' weights (None: they do not). torch's CUDA
+    `_grouped_mm` runs its CUTLASS kernel only for bfloat16 operands on
+    compute capability 9.x or 10.x; otherwise it falls back to a loop over
+    `offs.cpu()` (aten/src/ATen/native/cuda/GroupedBlas.cpp,
+    `_grouped_mm_fallback` in GroupedMMUtils.h), a copy to the host that a
+    capture cannot hold ("Cannot copy between CPU and CUDA tensors during
+    CUDA graph capture", seen on the H200 with fp32 weights)."""
+    import torch
+
+    weight = next((p for p in experts.parameters() if p.dim() == 3), None)
+    if weight is None or weight.device.type != "cuda":
+        return None
+    major = torch.cuda.get_device_capability(weight.device)[0]
+    if weight.dtype == torch.bfloat16 and major in (9, 10):
+        return None
+    return (f"{type(experts).__name__}: torch's grouped_mm runs its CUDA kernel only for bfloat16 weights on "
+            f"compute capability 9.x or 10.x (here {weight.dtype}, {major}.x) and otherwise loops over "
+            f"offs.cpu(), which a CUDA graph cannot capture; expected bf16 weights on an H100/H200/B200")
 
 
 def decode_picks(model, ids, pos, ctx) -> Any:

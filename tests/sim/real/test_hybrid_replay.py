@@ -348,8 +348,10 @@ GRAPH_CASES = [("nemotron_h", "lazy", 400_000), ("lfm2", "eager", 150_000), ("ne
 GPU = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"), pytest.mark.gpu]
 
 
+# nemotron_moe in fp32 on CUDA: torch's grouped_mm falls back to a loop over offs.cpu(), which no capture holds
+# (`test_a_moe_hybrids_fp32_experts_on_cuda_decode_eagerly_saying_why`); the real model runs bf16 and captures
 @pytest.mark.parametrize("name,compaction,budget_bytes,device", [(*c, "cpu") for c in GRAPH_CASES]
-                         + [pytest.param(*c, "cuda", marks=GPU) for c in GRAPH_CASES])
+                         + [pytest.param(*c, "cuda", marks=GPU) for c in GRAPH_CASES if c[0] != "nemotron_moe"])
 def test_decode_graphs_of_a_hybrid_give_transformers_greedy_tokens_and_pad_only_the_sink_slot(
         tmp_path, monkeypatch, one_thread, name, compaction, budget_bytes, device):
     """With `decode_graphs` a hybrid's decoders run through the buckets'
@@ -360,8 +362,7 @@ def test_decode_graphs_of_a_hybrid_give_transformers_greedy_tokens_and_pad_only_
     together, steps were padded to their bucket, and no padding row
     touched a live slot (`watch_graph_steps`, the padding slot poisoned
     with NaN before every step). On CUDA every bucket is captured (the
-    gather, the forward and the scatter in one graph) at start-up and
-    replayed."""
+    gather, the forward and the scatter in one graph) and replayed."""
     seen: list[tuple[int, int]] = []
     reads: list[str] = []
     res, ex, retracted_at, _ = replay(tmp_path, monkeypatch, compaction, name=name, budget_gib=budget_bytes / 2**30,
@@ -372,9 +373,7 @@ def test_decode_graphs_of_a_hybrid_give_transformers_greedy_tokens_and_pad_only_
     assert res.violations == [] and ex.graphs is not None and "graph_off" not in res.summary
     assert res.summary["graph_steps"] == len(seen) > 0 and res.summary["graph_capture_failures"] == {}
     captured = res.summary["graph_captured"]
-    # every bucket a step of up to 24 requests can use is captured at start-up (`capture_buckets`), and only those
-    up_to = [n for n in ex.graphs.buckets if n <= ex.graphs.bucket(24)]
-    assert captured == (up_to if device == "cuda" else []) and {n for _, n in seen} <= set(up_to)
+    assert captured == (sorted({n for _, n in seen}) if device == "cuda" else [])
     if device == "cpu":  # on CUDA the captured steps replay without Python: only the capture's forward runs it
         assert {where for _, where in reads} <= CPU_ONLY_READS, f"host reads in a bucket forward: {set(reads)}"
     assert sum(b < n for b, n in seen) >= 10, f"too few steps padded to their bucket: {seen}"
@@ -383,6 +382,54 @@ def test_decode_graphs_of_a_hybrid_give_transformers_greedy_tokens_and_pad_only_
     want = references(ex.model, ex, res.requests)
     for rid in want:
         assert ex.generated[rid] == want[rid], f"request {rid}"
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=GPU)])
+def test_a_moe_hybrids_fp32_experts_on_cuda_decode_eagerly_saying_why(tmp_path, monkeypatch, one_thread, device):
+    """On CUDA, torch's grouped_mm runs a kernel only for bfloat16 weights
+    (compute capability 9.x / 10.x) and otherwise copies its offsets to the
+    host (the H200 run: "Cannot copy between CPU and CUDA tensors during
+    CUDA graph capture" in every bucket): `DecodeGraphs` refuses such a
+    model up front, the executor decodes it eagerly, the summary's
+    `graph_off` says why, and the tokens are still transformers'."""
+    name, compaction, budget_bytes = next(c for c in GRAPH_CASES if c[0] == "nemotron_moe")
+    res, ex, _, _ = replay(tmp_path, monkeypatch, compaction, name=name, budget_gib=budget_bytes / 2**30,
+                           graphs=True, requests=trace(24, (8, 30), 0.001), running=24, prefill_tokens=256,
+                           device=device)
+    assert res.violations == [] and ex.graphs is None and "graph_steps" not in res.summary
+    assert "grouped_mm runs its CUDA kernel only for bfloat16 weights" in res.summary["graph_off"]
+    assert "torch.float32" in res.summary["graph_off"]
+    want = references(ex.model, ex, res.requests)
+    for rid in want:
+        assert ex.generated[rid] == want[rid], f"request {rid}"
+
+
+def test_grouped_mm_experts_are_a_capture_hazard_on_cuda_unless_bf16_on_sm90_or_sm100(monkeypatch):
+    """`capture_hazard`'s grouped_mm rule (torch's `_grouped_mm_cuda`: the
+    CUTLASS kernel for bf16 on 9.x / 10.x, else `offs.cpu()`), on stand-in
+    weights: CPU weights never; CUDA bf16 on 9.0 and 10.0 not; fp32 on 9.0
+    or bf16 on 8.0 named, with the dtype and capability."""
+    from types import SimpleNamespace
+
+    from unikv.sim.real.graphs import _grouped_mm_hazard
+
+    class Experts:
+        def __init__(self, device: str, dtype):
+            self.w = SimpleNamespace(dim=lambda: 3, device=torch.device(device), dtype=dtype)
+
+        def parameters(self):
+            return iter([SimpleNamespace(dim=lambda: 1), self.w])
+
+    capability = {"now": (9, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: capability["now"])
+    assert _grouped_mm_hazard(Experts("cpu", torch.float32)) is None
+    assert _grouped_mm_hazard(Experts("cuda", torch.bfloat16)) is None
+    why = _grouped_mm_hazard(Experts("cuda", torch.float32))
+    assert why.startswith("Experts: torch's grouped_mm") and "(here torch.float32, 9.x)" in why
+    capability["now"] = (10, 0)
+    assert _grouped_mm_hazard(Experts("cuda", torch.bfloat16)) is None
+    capability["now"] = (8, 0)
+    assert "(here torch.bfloat16, 8.x)" in _grouped_mm_hazard(Experts("cuda", torch.bfloat16))
 
 
 def test_decode_graphs_refused_for_a_model_run_eagerly_and_the_summary_says_why(tmp_path, monkeypatch, one_thread):
