@@ -322,12 +322,18 @@ class StepProfile:
         A mixed step is the mixed grid at (chunk, batch) plus how the
         prefill grid moves from 0 cached tokens to `cached_tokens` and how
         the decode grid moves from the mixed grid's reference context to
-        `context_tokens` (the two context effects assumed additive).
+        `context_tokens` (the two context effects assumed additive). A
+        decode-only step with `decode_buckets` adds its bucket's padding
+        (`decode_padding_s`).
         """
         if batch == 0:
             return self._prefill_at(chunk_tokens, cached_tokens)
         if chunk_tokens == 0:
-            return self.decode(batch, context_tokens)
+            forward, outside = self.decode(batch, context_tokens)
+            if self.decode_buckets:
+                pad, out_pad = self.decode_padding_s(batch)
+                forward, outside = forward + pad, outside or out_pad
+            return forward, outside
         base, out_m = self._mixed_at(chunk_tokens, batch)
         prefill, cell = self._prefill_cell(chunk_tokens)  # one row lookup for both contexts
         pre, out_p = _at_cached(prefill, cell, cached_tokens)
@@ -336,6 +342,42 @@ class StepProfile:
         dec0, out_r = self.decode(batch, self.mixed_context_tokens)
         total = base + (pre - pre0) + (dec - dec0)
         return max(total, 0.0), out_m or out_p or out_0 or out_d or out_r
+
+    def decode_bucket(self, batch: int) -> int:
+        """The batch a decode step of `batch` requests ran at: the first
+        decode bucket that holds it, or its own where none does (or there
+        are none)."""
+        buckets = self.decode_buckets
+        if not buckets or batch > buckets[-1]:
+            return batch
+        return buckets[bisect.bisect_left(buckets, batch)]
+
+    def decode_padding_s(self, batch: int) -> tuple[float, bool]:
+        """(seconds a decode step of `batch` requests spends on the padding
+        rows its bucket adds, whether a read lay outside the grid's rows).
+
+        A padding row runs every matmul (and, in an MoE model, routes
+        through experts) but attends nothing. So the step costs the decode
+        grid's part that does not grow with context at its bucket's batch,
+        and its context effect at its own batch: `decode(batch, L) +
+        at_0(bucket) - at_0(batch)`, `at_0(n)` being row n extended to
+        context 0 on the line through the grid's first two context columns
+        (slope >= 0). The intercepts lie below the measured contexts, but
+        their difference is along measured rows and cancels the line's own
+        error to first order, so it is not flagged: flagging it would mark
+        every padded step."""
+        bucket = self.decode_bucket(batch)
+        if bucket == batch:
+            return 0.0, False
+        (at_n, out_n), (at_b, out_b) = self._decode_at_0(bucket), self._decode_at_0(batch)
+        return max(at_n - at_b, 0.0), out_n or out_b
+
+    def _decode_at_0(self, batch: float) -> tuple[float, bool]:
+        grid = self.decode
+        cell = grid.row_cell(batch)
+        c0, c1 = grid.cols[:2]
+        (at_0, out_0), (at_1, out_1) = grid.at_row(cell, c0), grid.at_row(cell, c1)
+        return max(at_0 - max(at_1 - at_0, 0.0) / (c1 - c0) * c0, 0.0), out_0 or out_1
 
     def step_forward_s(self, prefill: Sequence[tuple[int, int]], batch: int,
                        context_tokens: float) -> tuple[float, bool]:
@@ -554,9 +596,10 @@ class ProfileStepCost:
         self.extrapolated_steps = 0
         self.window_tokens = window_tokens
         self.shape_of = lambda plan, memory: shape_of(plan, memory, window_tokens)
-        # batch -> its cell on the decode grid's row axis (the grid never
-        # changes, so neither does a kept cell; a run sees a few dozen batches)
-        self._decode_rows: dict[int, tuple[int, float, bool]] = {}
+        # batch -> (its cell on the decode grid's row axis, its bucket's padding seconds,
+        # whether they read outside the rows): the grid never changes, so neither do they;
+        # a run sees a few dozen batches
+        self._decode_rows: dict[int, tuple[tuple[int, float, bool], float, bool]] = {}
 
     def __call__(self, prefill_tokens: int, decode_tokens: int, kv_bytes_read: int,
                  moved_bytes: int, shape=None) -> float:
@@ -576,17 +619,20 @@ class ProfileStepCost:
         step that only decodes, `shape` being `StepShape((),
         decode_context_tokens, decode_window_tokens)`, with no shape built
         (the executor's path for such steps): the decode grid at (batch,
-        mean context), the batch's row cell kept."""
+        mean context) plus its bucket's padding (`StepProfile.
+        decode_padding_s`), the batch's row cell and padding kept."""
         move_s = self.move_time_s(moved_bytes)
         if decode_tokens == 0:
             return move_s
         decode = self.profile.decode
-        cell = self._decode_rows.get(decode_tokens)
-        if cell is None:
-            cell = self._decode_rows[decode_tokens] = decode.row_cell(decode_tokens)
+        kept = self._decode_rows.get(decode_tokens)
+        if kept is None:
+            kept = self._decode_rows[decode_tokens] = (decode.row_cell(decode_tokens),
+                                                       *self.profile.decode_padding_s(decode_tokens))
+        cell, pad, out_pad = kept
         forward, outside = decode.at_row(cell, decode_context_tokens / decode_tokens)
-        self.extrapolated_steps += outside
-        return self.profile.non_forward_s + forward + move_s
+        self.extrapolated_steps += outside or out_pad
+        return self.profile.non_forward_s + (forward + pad) + move_s
 
     def move_time_s(self, moved_bytes):
         """Seconds the page moves take (an int or an array of byte counts)."""

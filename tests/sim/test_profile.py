@@ -412,3 +412,81 @@ def test_a_padded_step_past_the_largest_bucket_runs_at_its_own_size():
 ])
 def test_a_bad_packed_bucket_list_is_refused_by_name(tmp_path, mutate, needle):
     assert needle in _bad(tmp_path, mutate)
+
+
+# -- decode buckets: a decode step padded to its graph bucket --
+
+def affine_decode(batch, context):  # exact along context: weights w(b) plus attention a(b) per context token
+    return 2e-3 * (1 + batch) ** 0.3 + 1e-8 * batch * context
+
+
+def bucketed_profile(buckets=(1, 4, 16, 64, 256)) -> dict:
+    """Decode rows at every power of two and at the buckets; contexts from 100 (the line to context 0 is exact)."""
+    return make(decode=affine_decode, batches=(1, 2, 4, 8, 16, 64, 256), contexts=(100, 200, 4000, 65536)) | {
+        "decode_buckets": list(buckets)}
+
+
+@pytest.mark.parametrize("batch, bucket", [(2, 4), (8, 16), (9, 16), (33, 64)])
+def test_a_decode_step_costs_its_context_effect_at_its_batch_and_the_rest_at_its_bucket(batch, bucket):
+    """A padding row runs every matmul and attends nothing: a step of
+    `batch` decoders padded to `bucket` costs decode(batch, L) +
+    w(bucket) - w(batch), w(n) the row at context 0 (here exact: the
+    grid's rows are affine in context). A step at a bucket, or without
+    buckets, reads the grid as before."""
+    prof, plain = StepProfile.from_dict(bucketed_profile()), StepProfile.from_dict(
+        {k: v for k, v in bucketed_profile().items() if k != "decode_buckets"})
+    assert prof.decode_bucket(batch) == bucket and prof.decode_buckets == (1, 4, 16, 64, 256)
+    for context in (100, 200, 1000, 4000, 30000):
+        want_pad = affine_decode(bucket, 0) - affine_decode(batch, 0)  # exact where `batch` is a grid row
+        got, outside = prof.forward_s(chunk_tokens=0, cached_tokens=0, batch=batch, context_tokens=context)
+        base, _ = plain.forward_s(chunk_tokens=0, cached_tokens=0, batch=batch, context_tokens=context)
+        assert not outside and got > base
+        if batch in (2, 8):  # a grid row: the padding is exact, and so is the step at a grid column
+            assert prof.decode_padding_s(batch)[0] == pytest.approx(want_pad, rel=1e-9)
+            if context in (100, 200, 4000):
+                assert got == pytest.approx(affine_decode(batch, context) + want_pad, rel=1e-9)
+        assert got - base == pytest.approx(prof.decode_padding_s(batch)[0], rel=1e-12)
+    for at_bucket in (1, 4, 16, 64, 256, 300):  # at a bucket, or past the largest (its own batch): no padding
+        assert prof.decode_padding_s(at_bucket) == (0.0, False)
+        assert prof.forward_s(chunk_tokens=0, cached_tokens=0, batch=at_bucket, context_tokens=1000) == \
+            plain.forward_s(chunk_tokens=0, cached_tokens=0, batch=at_bucket, context_tokens=1000)
+
+
+def test_decode_padding_leaves_mixed_and_prefill_steps_as_they_were():
+    """Only decode-only steps run through the decode graphs: a mixed step's
+    decoders ride in the packed step (`packed_buckets`), a prefill has none."""
+    prof, plain = StepProfile.from_dict(bucketed_profile()), StepProfile.from_dict(
+        {k: v for k, v in bucketed_profile().items() if k != "decode_buckets"})
+    for chunk, cached, batch in ((64, 0, 3), (512, 1024, 9), (700, 0, 0)):
+        kw = dict(chunk_tokens=chunk, cached_tokens=cached, batch=batch, context_tokens=2000 if batch else 0)
+        assert prof.forward_s(**kw) == plain.forward_s(**kw)
+
+
+def test_a_padded_decode_only_step_costs_the_same_without_a_shape():
+    plain, fast = (ProfileStepCost(StepProfile.from_dict(bucketed_profile()), H200) for _ in range(2))
+    for _ in range(2):  # the second pass reads the kept row cells and padding
+        for decoders in (0, 1, 2, 3, 5, 8, 9, 64, 65, 255, 256, 400):
+            for context in (0, 7, 1024, 5000, 65536, 10**6):
+                total = decoders * context
+                assert fast.decode_s(decoders, total, 17, 99, 10**6) == plain(
+                    0, decoders, 99, 10**6, StepShape((), total, 17))
+    assert fast.extrapolated_steps == plain.extrapolated_steps > 0
+
+
+def test_padding_never_costs_less_than_nothing():
+    """A decode grid whose rows fall with batch (noise between two measured
+    rows) gives the padding 0 s, never a negative time."""
+    prof = StepProfile.from_dict(make(decode=lambda b, c: 5e-3 / (1 + b) ** 0.1 + 1e-9 * c, batches=(1, 2, 4, 8),
+                                      contexts=(100, 200, 4000, 65536)) | {"decode_buckets": [1, 4, 8]})
+    assert prof.decode_padding_s(3) == (0.0, False)
+
+
+@pytest.mark.parametrize("mutate, needle", [
+    (lambda d: d.update(decode_buckets=[4, 2]), "decode_buckets=[4, 2] must be a strictly increasing list of "
+                                                "positive batch sizes"),
+    (lambda d: d.update(decode_buckets=[0, 1]), "decode_buckets=[0, 1] must be a strictly increasing"),
+    (lambda d: d.update(decode_buckets=[1, 2.5]), "decode_buckets=[1, 2.5]"),
+    (lambda d: d.update(decode_buckets="1,2"), "decode_buckets='1,2'"),
+])
+def test_a_bad_decode_bucket_list_is_refused_by_name(tmp_path, mutate, needle):
+    assert needle in _bad(tmp_path, mutate)
