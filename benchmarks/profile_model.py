@@ -656,9 +656,11 @@ def main(argv=None) -> int:
 
             profile["packed_buckets"] = list(PACKED_BUCKETS)
         if not state or graphs_off is None:  # decode through DecodeGraphs, each batch padded to its bucket
+            from unikv.sim.profile import padding_routes_as_one
             from unikv.sim.real.graphs import BUCKETS
 
             profile["decode_buckets"] = list(BUCKETS)
+            profile["decode_padding_routes_as_one"] = padding_routes_as_one(spec)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(profile, indent=1) + "\n")
         print(f"wrote {path} ({time.perf_counter() - started:.0f} s since the start)", flush=True)

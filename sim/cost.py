@@ -147,7 +147,7 @@ def step_cost_model(model: ModelSpec, hw: HardwareSpec, gpu: str | None,
     Raises:
         ValueError: a profile file exists but is invalid (named).
     """
-    from unikv.sim.profile import ProfileStepCost, StepProfile, profile_path
+    from unikv.sim.profile import ProfileStepCost, StepProfile, padding_routes_as_one, profile_path
 
     path = profile_path(model.name, gpu, profiles_dir) if gpu is not None else None
     if path is None or not path.is_file():
@@ -156,5 +156,12 @@ def step_cost_model(model: ModelSpec, hw: HardwareSpec, gpu: str | None,
     if (profile.model, profile.gpu) != (model.name, gpu):
         raise ValueError(f"profile {str(path)!r}: model={profile.model!r}, gpu={profile.gpu!r}, but it is "
                          f"the file of model {model.name!r} on gpu {gpu!r}")
+    routes = padding_routes_as_one(model)
+    if profile.decode_buckets and profile.decode_padding_routes_as_one != routes:
+        raise ValueError(f"profile {str(path)!r}: decode_padding_routes_as_one="
+                         f"{str(profile.decode_padding_routes_as_one).lower()}, but model {model.name!r} "
+                         + ("routes tokens through experts and keeps no state" if routes
+                            else "has no routed experts or keeps recurrent state")
+                         + " (sim.profile.padding_routes_as_one)")
     window = model.window_tokens if model.swa_layers else None
     return ProfileStepCost(profile, hw, window), f"profile:{path.name}"

@@ -157,6 +157,9 @@ class StepProfile:
         decode_buckets: the batch sizes the measured executor padded a
             decode step up to (`sim.real.graphs.BUCKETS`: its decode CUDA
             graphs), or () where it ran every decode step at its own batch.
+        decode_padding_routes_as_one: with decode_buckets, the measured
+            model's padding rows cost one more token's expert routing, not
+            a row each (`padding_routes_as_one`; `decode_padding_s`).
         path: the file it was read from (None: built in memory).
     """
 
@@ -172,6 +175,7 @@ class StepProfile:
     step_forwards: str = "packed"
     packed_buckets: tuple[int, ...] = ()
     decode_buckets: tuple[int, ...] = ()
+    decode_padding_routes_as_one: bool = False
     path: Path | None = None
     # with packed_buckets: the prefill grid over its rows' bucket sizes, and per mixed column
     # (batch b) the rows' bucket sizes less b with log1p of each (`_mixed_at`)
@@ -282,7 +286,7 @@ class StepProfile:
         if not isinstance(data, Mapping):
             raise ValueError("the top level must be a JSON object")
         known = {"format", "version", "model", "gpu", "provenance", "non_forward_s", "moe_touch", "step_forwards",
-                 "packed_buckets", "decode_buckets", *GRIDS}
+                 "packed_buckets", "decode_buckets", "decode_padding_routes_as_one", *GRIDS}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown fields {unknown}; valid: {sorted(known)}")
@@ -299,6 +303,12 @@ class StepProfile:
         context = mixed.get("context_tokens") if isinstance(mixed, Mapping) else None
         if isinstance(context, bool) or not isinstance(context, int) or context < 1:
             raise ValueError(f"mixed.context_tokens={context!r} must be a positive integer")
+        routes = data.get("decode_padding_routes_as_one", False)
+        if not isinstance(routes, bool):
+            raise ValueError(f"decode_padding_routes_as_one={routes!r} must be true or false")
+        if routes and not data.get("decode_buckets"):
+            raise ValueError("decode_padding_routes_as_one=true needs decode_buckets: a step without buckets "
+                             "has no padding rows")
         forwards = data.get("step_forwards", "packed")
         if forwards not in STEP_FORWARDS:
             raise ValueError(f"step_forwards={forwards!r} must be one of {list(STEP_FORWARDS)}")
@@ -308,7 +318,8 @@ class StepProfile:
                    mixed=_grid("mixed", data["mixed"], extra=("context_tokens",)),
                    mixed_context_tokens=context, moe_touch=_moe_touch(data.get("moe_touch", [])),
                    step_forwards=forwards, packed_buckets=_buckets("packed_buckets", data.get("packed_buckets", [])),
-                   decode_buckets=_buckets("decode_buckets", data.get("decode_buckets", [])), path=path)
+                   decode_buckets=_buckets("decode_buckets", data.get("decode_buckets", [])),
+                   decode_padding_routes_as_one=routes, path=path)
 
     def forward_s(self, *, chunk_tokens: float, cached_tokens: float, batch: int,
                   context_tokens: float) -> tuple[float, bool]:
@@ -365,11 +376,18 @@ class StepProfile:
         (slope >= 0). The intercepts lie below the measured contexts, but
         their difference is along measured rows and cancels the line's own
         error to first order, so it is not flagged: flagging it would mark
-        every padded step."""
+        every padded step.
+
+        With `decode_padding_routes_as_one` (an MoE model without state:
+        the padding rows, all token 0 at position 0, pick one set of
+        experts) the part is read at batch + 1, capped at the bucket,
+        instead: one more token's experts, the padding rows' other per-row
+        work left out as small."""
         bucket = self.decode_bucket(batch)
         if bucket == batch:
             return 0.0, False
-        (at_n, out_n), (at_b, out_b) = self._decode_at_0(bucket), self._decode_at_0(batch)
+        top = min(bucket, batch + 1) if self.decode_padding_routes_as_one else bucket
+        (at_n, out_n), (at_b, out_b) = self._decode_at_0(top), self._decode_at_0(batch)
         return max(at_n - at_b, 0.0), out_n or out_b
 
     def _decode_at_0(self, batch: float) -> tuple[float, bool]:
@@ -535,6 +553,18 @@ def profile_path(model: str, gpu: str, profiles_dir: Path | None = None) -> Path
     root = Path(str(resources.files("unikv.sim").joinpath("data", "profiles"))) if profiles_dir is None \
         else Path(profiles_dir)
     return root / f"{model}__{gpu}.json"
+
+
+def padding_routes_as_one(model) -> bool:
+    """Whether a decode step's padding rows cost only one more token's
+    expert routing (a profile's `decode_padding_routes_as_one`): `model` (a
+    `ModelSpec`) routes tokens through experts and keeps no recurrent
+    state. The decode graphs' padding rows are all token 0 at position 0,
+    so they pick one set of experts; their other per-row work is small
+    beside the experts' weights in a model without state. A model with
+    recurrent state gathers and scatters every padding row's state (47 MiB
+    a row for Nemotron-3-Nano), per-row work its bucket's row measures."""
+    return model.routed_experts is not None and model.state_layers == 0
 
 
 def effective_cached_tokens(prefill: Sequence[tuple[int, int]]) -> tuple[int, float]:

@@ -481,12 +481,59 @@ def test_padding_never_costs_less_than_nothing():
     assert prof.decode_padding_s(3) == (0.0, False)
 
 
+def test_an_moe_models_padding_rows_route_as_one_token():
+    """The decode graphs' padding rows are all token 0 at position 0, so in
+    an MoE model without state they add one token's experts: with
+    `decode_padding_routes_as_one` the padding reads the row at batch + 1
+    (capped at the bucket), not at the bucket; `padding_routes_as_one`
+    says which models."""
+    from unikv.sim.profile import padding_routes_as_one
+
+    prof = StepProfile.from_dict(bucketed_profile())
+    moe = StepProfile.from_dict(bucketed_profile() | {"decode_padding_routes_as_one": True})
+    for batch, bucket in ((2, 4), (3, 4), (8, 16), (33, 64)):
+        assert moe.decode_bucket(batch) == bucket
+        want = prof._decode_at_0(batch + 1)[0] - prof._decode_at_0(batch)[0]
+        assert moe.decode_padding_s(batch)[0] == pytest.approx(want, rel=1e-12)
+        assert moe.decode_padding_s(batch)[0] <= prof.decode_padding_s(batch)[0]
+    # batch + 1 a grid row: exact; batch + 1 the bucket: as a dense model's padding
+    one = StepProfile.from_dict(bucketed_profile(buckets=(4, 16)) | {"decode_padding_routes_as_one": True})
+    assert one.decode_padding_s(1)[0] == pytest.approx(affine_decode(2, 0) - affine_decode(1, 0), rel=1e-9)
+    assert one.decode_padding_s(3) == StepProfile.from_dict(bucketed_profile(buckets=(4, 16))).decode_padding_s(3)
+    gpt_oss, gemma, nemotron = (load_model(m) for m in ("gpt-oss-20b", "gemma-3-12b", "nemotron-3-nano-30b-a3b"))
+    assert padding_routes_as_one(gpt_oss) and not padding_routes_as_one(gemma)
+    assert not padding_routes_as_one(nemotron)  # MoE, but each padding row gathers and scatters its state
+    fast, plain = ProfileStepCost(moe, H200), ProfileStepCost(prof, H200)
+    assert fast.decode_s(9, 9 * 1000, 0, 0, 0) < plain.decode_s(9, 9 * 1000, 0, 0, 0)
+    assert fast.decode_s(9, 9 * 1000, 0, 0, 0) == fast(0, 9, 0, 0, StepShape((), 9 * 1000, 0))
+
+
+def test_a_profile_whose_padding_disagrees_with_its_model_is_refused(tmp_path):
+    """`step_cost_model` takes a profile whose decode_padding_routes_as_one
+    is the model's (`padding_routes_as_one`) and refuses one that is not,
+    in one line naming the field and the model."""
+    from unikv.sim.cost import step_cost_model
+
+    for name, routes in (("gpt-oss-20b", True), ("gemma-3-12b", False)):
+        data = bucketed_profile() | {"model": name, "decode_padding_routes_as_one": routes}
+        write(tmp_path / f"{name}__h200.json", data)
+        cost, label = step_cost_model(load_model(name), H200, "h200", tmp_path)
+        assert label == f"profile:{name}__h200.json" and cost.profile.decode_padding_routes_as_one is routes
+        write(tmp_path / f"{name}__h200.json", data | {"decode_padding_routes_as_one": not routes})
+        with pytest.raises(ValueError, match=rf"^profile '.*{name}__h200.json': decode_padding_routes_as_one="
+                                             rf"{str(not routes).lower()}, but model '{name}' "
+                                             rf"(routes tokens through|has no routed experts)[^\n]*$"):
+            step_cost_model(load_model(name), H200, "h200", tmp_path)
+
+
 @pytest.mark.parametrize("mutate, needle", [
     (lambda d: d.update(decode_buckets=[4, 2]), "decode_buckets=[4, 2] must be a strictly increasing list of "
                                                 "positive batch sizes"),
     (lambda d: d.update(decode_buckets=[0, 1]), "decode_buckets=[0, 1] must be a strictly increasing"),
     (lambda d: d.update(decode_buckets=[1, 2.5]), "decode_buckets=[1, 2.5]"),
     (lambda d: d.update(decode_buckets="1,2"), "decode_buckets='1,2'"),
+    (lambda d: d.update(decode_padding_routes_as_one=1), "decode_padding_routes_as_one=1 must be true or false"),
+    (lambda d: d.update(decode_padding_routes_as_one=True), "decode_padding_routes_as_one=true needs decode_buckets"),
 ])
 def test_a_bad_decode_bucket_list_is_refused_by_name(tmp_path, mutate, needle):
     assert needle in _bad(tmp_path, mutate)
