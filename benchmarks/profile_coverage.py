@@ -58,11 +58,12 @@ class Coverage:
             why the real executor cannot run it ("" when it can).
         profiled: the profile file of (model, gpu) is bundled.
         eager: a model with recurrent state: the real executor runs its
-            prefill chunks eagerly, one forward each, and its decode through
-            the decode graphs with the state gathered and scattered inside
-            them, whose capture has not been measured on a GPU yet; its
-            profile, measured or not, is not bundled (issue 17: never an
-            eager forward as a profile).
+            prefill chunks eagerly, one forward each, on transformers'
+            reference Mamba-2 code (the H200 image has no mamba_ssm or
+            causal_conv1d), and its decode through the decode graphs with
+            the state gathered and scattered inside them (captured on the
+            H200 at 0d9306f); its profile, measured or not, is not bundled
+            (issue 17: forwards as serving engines run them).
     """
 
     model: str
@@ -81,8 +82,8 @@ class Coverage:
         yet" when none did): the table's other columns say why."""
         if self.refusal() is None:
             if self.eager:
-                return ("recurrent state: its captured decode not yet measured on a GPU, its prefill eager: "
-                        "not bundled")
+                return ("recurrent state: its prefill runs transformers' reference Mamba-2 code (no mamba_ssm "
+                        "kernels on the GPU machine), far slower than an engine's: not bundled")
             return "profilable, not measured yet"
         return ("no config.json" if self.config is None else "not buildable" if self.build_error
                 else "executor" if self.executor_error else "does not fit")
