@@ -22,6 +22,14 @@
 #           buckets (the state's gather and scatter captured inside them),
 #           prefill chunks eager (--compiled and --prefill-graphs are
 #           refused for it); to decide whether it can be bundled.
+#   hybrid-prefill benchmarks/profile_state_prefill.py for nemotron-3-nano-30b-a3b:
+#           one prefill chunk of 512 and of 4,096 tokens (no cache) under
+#           torch.profiler, its CUDA time by module kind (Mamba-2 mixer,
+#           MoE, attention, the state's gather and scatter, other), the
+#           top 20 ops, kernel launches and host syncs (about 3-4 min,
+#           most of it the model's build); report and summary in
+#           $out/hybrid_prefill/, with the Chrome traces in
+#           $out/hybrid_prefill.tar.gz (docs/real_executor.md).
 # Logs and outputs go to $OUT (default results/real/h200).
 #
 #   bash benchmarks/gpu_suite.sh tests check    # one device call
@@ -89,8 +97,13 @@ for part in "$@"; do
             --out "$out/profiles/${model}__h200.json" --heldout "$out/profiles/${model}__h200_heldout.json" \
             --revision "$(cat REVISION 2>/dev/null || echo unknown)" 2>&1 | tee "$out/${model}_profile.log"
         ;;
+    hybrid-prefill)
+        python3 benchmarks/profile_state_prefill.py --model nemotron-3-nano-30b-a3b --gpu h200 \
+            --chunks 512 4096 --cached 0 --reps 2 --trace --out "$out/hybrid_prefill" 2>&1 \
+            | tee "$out/hybrid_prefill.log"
+        ;;
     *)
-        echo "error: unknown part $part (tests, check, bench, overlap, validate, profiles, hybrid)" >&2
+        echo "error: unknown part $part (tests, check, bench, overlap, validate, profiles, hybrid, hybrid-prefill)" >&2
         exit 2
         ;;
     esac

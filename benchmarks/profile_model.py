@@ -311,7 +311,7 @@ def _graph_times(lm, pool, views, rows, ids, ctx, input_ids, position_ids, keep,
 
 
 def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, context: int, reps: int,
-                graphs: bool = True) -> list[float]:
+                graphs: bool = True, run=None) -> list[float]:
     """Seconds of each of `reps` steps of a model with recurrent state, run
     as the real executor runs them (`RealExecutor.launch` / `_forward`): a
     chunk of `chunk` tokens over `cached` cached tokens alone (0: none),
@@ -320,7 +320,8 @@ def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, contex
     `[B, 1]` step (0: none) through the bucket's graph (`DecodeGraphs` with
     the binder: the gather and scatter inside it; captured on CUDA in the
     first WARMUPS step), or with `graphs` off as one eager forward between
-    the binder's gather and scatter."""
+    the binder's gather and scatter. `run(step, reps)` times the step
+    (None: `timed`; benchmarks/profile_state_prefill.py profiles it)."""
     import torch
     from unikv.sim.real.graphs import DecodeGraphs
     from unikv.sim.real.state import StateBinder, cache_kwarg, pool_state_views
@@ -348,7 +349,7 @@ def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, contex
                 if graph.run(batch, pool.translate(states, STATE_BAND)) is None:
                     raise RuntimeError(f"decode batch {decoders}: no bucket takes it")
 
-    times = timed(step, reps)
+    times = (run or timed)(step, reps)
     if graph is not None and brd.DEVICE == "cuda" and not graph.stats()["captured"]:
         raise RuntimeError(f"decode batch {decoders}: the graph was not captured ({graph.stats()['failures']})")
     return times
