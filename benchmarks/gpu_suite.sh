@@ -26,8 +26,10 @@
 #           one prefill chunk of 512 and of 4,096 tokens (no cache) under
 #           torch.profiler, its CUDA time by module kind (Mamba-2 mixer,
 #           MoE, attention, the state's gather and scatter, other), the
-#           top 20 ops, kernel launches and host syncs (about 3-4 min,
-#           most of it the model's build); report and summary in
+#           top 20 ops, kernel launches and host syncs, each point with
+#           the executor's einsum scan (sim/real/ssd.py) and with
+#           transformers' own (about 3-4 min, most of it the model's
+#           build); report and summary in
 #           $out/hybrid_prefill/, with the Chrome traces in
 #           $out/hybrid_prefill.tar.gz (docs/real_executor.md).
 # Logs and outputs go to $OUT (default results/real/h200).

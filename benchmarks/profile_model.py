@@ -405,11 +405,14 @@ def _state_forward(lm, binder, ctx, inputs: dict, slots, fresh: bool, kwarg: str
     it: the state gathered from `slots` into a cache (`fresh`: a new one),
     the forward over the pool (its cache passed as `kwarg`), the state
     scattered back, the greedy token of each kept row taken."""
+    import contextlib
+
     import torch
     from unikv.sim.real.attention import use_step
+    from unikv.sim.real.ssd import einsum_chunk_scan, has_mixer
 
     cache = binder.before(slots, fresh=fresh)
-    with torch.inference_mode(), use_step(ctx):
+    with torch.inference_mode(), use_step(ctx), (einsum_chunk_scan() if has_mixer(lm) else contextlib.nullcontext()):
         out = lm(use_cache=True, **inputs, **{kwarg: cache})
         binder.after(cache, slots)
     (out.logits[0] if ctx.layout == "packed" else out.logits[:, -1]).argmax(-1)
@@ -513,12 +516,14 @@ COMPILED_METHOD = ("real executor forwards: decode through CUDA graphs per bucke
                    "packed with compiled layers (--compiled), q/k/v and gate/up fused; median of reps after a "
                    "warm-up, CUDA events")
 STATE_METHOD = ("real executor forwards as it runs a model with recurrent state: each prefill chunk alone (packed "
-                "eager, its state gathered from its pool slot before and scattered back after: StateBinder), the "
+                "eager, its state gathered from its pool slot before and scattered back after: StateBinder; a "
+                "Mamba-2 mixer's chunked scan as einsum contractions, sim.real.ssd), the "
                 "decoders as one [B, 1] step through the bucket's CUDA graph (DecodeGraphs with the StateBinder: "
                 "the gather from the requests' pool slots and the scatter back captured inside it), inside the timed "
                 "span; median of reps after a warm-up, CUDA events")
 STATE_EAGER_METHOD = ("real executor forwards as it runs a model with recurrent state: each prefill chunk alone "
-                      "(packed eager), the decoders as one eager [B, 1] forward ({why}), each forward's state "
+                      "(packed eager; a Mamba-2 mixer's chunked scan as einsum contractions, sim.real.ssd), the "
+                      "decoders as one eager [B, 1] forward ({why}), each forward's state "
                       "gathered from the requests' pool slots before it and scattered back after (StateBinder), "
                       "inside the timed span; median of reps after a warm-up, CUDA events")
 

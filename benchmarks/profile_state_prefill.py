@@ -235,18 +235,44 @@ def report(point: str, wall_s: list[float], rows: dict, host_ms: float, top: str
     return "\n".join(lines), summary
 
 
-def profile_point(lm, spec, placed, chunk: int, cached: int, reps: int, trace: Path | None) -> tuple[str, dict]:
-    """One prefill point profiled (`state_point` with `profiling_run`)."""
+SCANS = ("einsum", "transformers")
+"""How a Mamba-2 mixer's prefill chunk scans: "einsum", as the real
+executor runs it (`sim.real.ssd.einsum_chunk_scan`), or "transformers",
+the installed transformers' own `mamba2_chunk_scan` (5.17: broadcast
+products of 2-17 GB per layer at 4,096 tokens), to measure what the
+einsum form takes off."""
+
+
+@contextlib.contextmanager
+def scanning(scan: str):
+    """Within the block, `profile_model`'s state forwards scan as `scan` says."""
+    from unikv.sim.real import ssd
+
+    saved = ssd.einsum_chunk_scan
+    if scan == "transformers":
+        ssd.einsum_chunk_scan = contextlib.nullcontext
+    try:
+        yield
+    finally:
+        ssd.einsum_chunk_scan = saved
+
+
+def profile_point(lm, spec, placed, chunk: int, cached: int, reps: int, trace: Path | None,
+                  scan: str = "einsum") -> tuple[str, dict]:
+    """One prefill point profiled (`state_point` with `profiling_run`),
+    its Mamba-2 chunks scanning as `scan` (SCANS) says."""
     got: dict = {}
-    with ranges(lm):
+    with ranges(lm), scanning(scan):
         pm.state_point(lm, spec, placed, chunk, cached, 0, 0, reps, run=profiling_run(reps, got))
     prof = got["profile"]
     key = "self_device_time_total" if brd.DEVICE == "cuda" else "self_cpu_time_total"
     top = prof.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=70)
     if trace is not None:
         prof.export_chrome_trace(str(trace))
-    return report(f"prefill chunk {chunk} over {cached} cached", got["wall_s"], grouped(prof, reps),
-                  forward_host_ms(prof, reps), top)
+    text, summary = report(f"prefill chunk {chunk} over {cached} cached, {scan} scan", got["wall_s"],
+                           grouped(prof, reps), forward_host_ms(prof, reps), top)
+    summary["scan"] = scan
+    return text, summary
 
 
 def refusal(args) -> tuple[str | None, Path | None, str]:
@@ -302,6 +328,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=2, help="timed runs, and as many profiled runs, a point")
     ap.add_argument("--out", type=Path, default=Path("results/real/h200/hybrid_prefill"))
     ap.add_argument("--trace", action="store_true", help="write a Chrome trace of each point")
+    ap.add_argument("--scans", nargs="+", choices=SCANS, default=list(SCANS),
+                    help="how a Mamba-2 chunk scans: einsum (the executor's), transformers (its own function)")
     ap.add_argument("--smoke", type=Path, default=None, metavar="CONFIG",
                     help="check the script on the CPU: bf16, this (small) config with recurrent state")
     args = ap.parse_args(argv)
@@ -324,13 +352,12 @@ def main(argv=None) -> int:
     print(f"built {spec.name} on {brd.DEVICE} ({time.perf_counter() - started:.0f} s)", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     texts, summaries = [], []
-    for cached in args.cached:
-        for chunk in args.chunks:
-            trace = args.out / f"chunk{chunk}_cached{cached}.trace.json" if args.trace else None
-            text, summary = profile_point(lm, spec, placed, chunk, cached, args.reps, trace)
-            print(text + f"\n({time.perf_counter() - started:.0f} s since the start)", flush=True)
-            texts.append(text)
-            summaries.append(summary)
+    for cached, chunk, scan in ((k, c, s) for k in args.cached for c in args.chunks for s in args.scans):
+        trace = args.out / f"chunk{chunk}_cached{cached}_{scan}.trace.json" if args.trace else None
+        text, summary = profile_point(lm, spec, placed, chunk, cached, args.reps, trace, scan)
+        print(text + f"\n({time.perf_counter() - started:.0f} s since the start)", flush=True)
+        texts.append(text)
+        summaries.append(summary)
     (args.out / "report.txt").write_text("\n\n".join(texts) + "\n")
     prov = pm.provenance("python benchmarks/profile_state_prefill.py " + " ".join(sys.argv[1:] if argv is None
                                                                                   else argv), "unknown")

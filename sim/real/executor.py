@@ -32,11 +32,13 @@ newest (`sim.real.batch`); the tokens of a prompt come from
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any
 
 from unikv.sim.real.batch import BlockRows, StepBatch, build_batch
+from unikv.sim.real.ssd import einsum_chunk_scan, has_mixer
 from unikv.sim.real.state import cache_kwarg
 from unikv.sim.real.tokens import TokenSource
 from unikv.sim.scheduler import StepPlan
@@ -92,6 +94,9 @@ class RealExecutor:
         self.fused: dict | None = None  # what `fuse_projections` fused (build_real_executor), if it ran
         self.state_band = state_band
         self.cache_kwarg = cache_kwarg(model) if binder is not None else ""
+        # a Mamba-2 mixer's prefill chunk scans as einsum contractions (sim.real.ssd), not transformers'
+        # broadcast products (5.17: 2-17 GB per layer at 4,096 tokens)
+        self.scan = einsum_chunk_scan if binder is not None and has_mixer(model) else contextlib.nullcontext
         self.rows = BlockRows(memory.pool, self.bands, device)  # requests' virtual pages, kept on the device
         self.generated: dict[int, list[int]] = {}  # rid -> the model's tokens, in order
         self.step_s: list[float] = []  # measured seconds of each step
@@ -200,7 +205,7 @@ class RealExecutor:
         if self.prefill is not None and batch.layout == "packed":  # no binder: kwargs hold no cache
             out = self.prefill.forward(ctx, batch.input_ids, batch.position_ids, keep)
             return out.logits[0].argmax(-1)
-        with torch.inference_mode(), use_step(ctx):
+        with torch.inference_mode(), use_step(ctx), self.scan():
             out = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
                              logits_to_keep=keep, **kwargs)
             if cache is not None:

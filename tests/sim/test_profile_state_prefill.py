@@ -32,7 +32,9 @@ GROUPS = ("mamba2", "mamba2.in_proj", "mamba2.norm", "mamba2.out_proj", "attenti
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """(stdout, the out folder) of one smoke run: a fresh chunk and one over 8 cached tokens."""
+    """(stdout, the out folder) of one smoke run: a fresh chunk and one over
+    8 cached tokens, each with both scans (SCANS: the executor's einsum form,
+    transformers' own)."""
     root = tmp_path_factory.mktemp("state_prefill")
     out = root / "out"
     done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", str(config_file(root, "nemotron_moe")),
@@ -44,15 +46,17 @@ def smoke(tmp_path_factory):
 
 def test_the_grouped_table_has_every_module_kind_with_time(smoke):
     stdout, out = smoke
-    assert stdout.count("== prefill chunk 16 over ") == 2 and "top 20 ops and kernels by self CPU time" in stdout
+    assert stdout.count("== prefill chunk 16 over ") == 4 and "top 20 ops and kernels by self CPU time" in stdout
     points = json.loads((out / "summary.json").read_text())["points"]
-    fresh, cached = (p["groups"] for p in points)
+    assert [p["scan"] for p in points] == ["einsum", "transformers"] * 2
+    assert stdout.count(", einsum scan: wall ") == stdout.count(", transformers scan: wall ") == 2
+    fresh, cached = (p["groups"] for p in points[::2])
     assert "state.gather" not in fresh  # a first chunk starts from no state: nothing gathered
     for g in GROUPS:
         assert cached[g]["cpu_ms"] > 0 and cached[g]["ops"] > 0, g
         assert f"\n{g} " in stdout
     assert cached["moe.experts"]["syncs"] > 0  # the CPU's grouped_mm reads its offsets
-    assert set(points[1]["kinds"]) >= {"mamba2", "moe", "attention", "state", "other"}
+    assert all(set(p["kinds"]) >= {"mamba2", "moe", "attention", "state", "other"} for p in points[2:])
     assert all(p["wall_ms"] > 0 and p["kernel_ms"] == 0 for p in points)  # no CUDA on the CPU
 
 
@@ -60,8 +64,8 @@ def test_everything_is_packed_into_one_archive(smoke):
     _, out = smoke
     with tarfile.open(out.with_name("out.tar.gz")) as t:
         names = sorted(t.getnames())
-    assert names == ["out/chunk16_cached0.trace.json", "out/chunk16_cached8.trace.json", "out/report.txt",
-                     "out/summary.json"]
+    assert names == [f"out/chunk16_cached{k}_{scan}.trace.json" for k in (0, 8) for scan in ("einsum", "transformers")
+                     ] + ["out/report.txt", "out/summary.json"]
     assert sorted(f.name for f in out.iterdir()) == ["report.txt", "summary.json"]  # the traces only packed
 
 

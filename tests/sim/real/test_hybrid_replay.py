@@ -210,6 +210,38 @@ def test_a_hybrids_replay_through_sim_run_equals_transformers_greedy_tokens(tmp_
         assert ex.generated[rid] == want[rid], f"request {rid}"
 
 
+@pytest.mark.parametrize("family", ["nemotron_h", "lfm2"])
+def test_a_mamba2_prefill_scans_through_the_einsum_form_and_keeps_transformers_tokens(tmp_path, monkeypatch,
+                                                                                      one_thread, family):
+    """The executor runs a Nemotron-H forward with `sim.real.ssd`'s scan in
+    transformers' place (`einsum_chunk_scan`): every prefill chunk,
+    continued ones included, scans through it, and the tokens are still
+    those of transformers' own scan and cache; LFM2 (short conv, no scan)
+    runs without the swap."""
+    import contextlib
+
+    from unikv.sim.real import ssd
+
+    calls: list[tuple[int, bool]] = []
+    scan = ssd.chunk_scan
+
+    def counting(x, *args, **kwargs):
+        calls.append((x.shape[1], kwargs.get("initial_states") is not None))
+        return scan(x, *args, **kwargs)
+
+    monkeypatch.setattr(ssd, "chunk_scan", counting)
+    res, ex, _, continued = replay(tmp_path, monkeypatch, "lazy", name=family, budget_gib=BUDGETS[family])
+    assert res.violations == []
+    if family == "lfm2":
+        assert ex.scan is contextlib.nullcontext and calls == []
+        return
+    assert ex.scan is ssd.einsum_chunk_scan and continued
+    assert len(calls) > 0 and any(initial for _, initial in calls), "no chunk scanned from a slot's state"
+    want = references(ex.model, ex, res.requests)
+    for rid in want:
+        assert ex.generated[rid] == want[rid], f"request {rid}"
+
+
 @pytest.mark.parametrize("name", ["nemotron_h", "lfm2"])
 def test_control_a_replay_that_drops_the_state_between_forwards_changes_tokens(tmp_path, monkeypatch, one_thread,
                                                                                name):
