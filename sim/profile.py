@@ -391,6 +391,10 @@ class StepProfile:
         return max(at_n - at_b, 0.0), out_n or out_b
 
     def _decode_at_0(self, batch: float) -> tuple[float, bool]:
+        """(decode row `batch` extended to context 0 on the line through the
+        grid's first two context columns, slope >= 0; whether the row lay
+        outside the grid's rows): the part of a step that does not grow
+        with context."""
         grid = self.decode
         cell = grid.row_cell(batch)
         c0, c1 = grid.cols[:2]
