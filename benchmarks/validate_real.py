@@ -17,7 +17,10 @@ difference), `validation.csv`, and `timeline.md`: for every cell, how many
 leading steps the two runs planned alike (the same prefill and decode
 tokens, admissions, finishes and retractions) and whether their memory
 timeline (live / hole / pending bytes per band, moves, moved bytes) is
-identical over those steps, as it must be where step boundaries coincide.
+identical over those steps, as it must be where step boundaries coincide;
+`steps.md` (median step time by kind of step), `decode_batches.md` (median
+decode step time by batch) and `requests.md` (per-request TTFT and TPOT
+agreement).
 """
 
 from __future__ import annotations
@@ -116,7 +119,7 @@ def run_compare(out: Path, selected) -> int:
     import pandas as pd
     from unikv.sim.run import run, write_run
 
-    rows, lines, step_lines = [], [], []
+    rows, lines, step_lines, request_lines, batch_lines = [], [], [], [], []
     for model, trace, layout in selected:
         name = f"{model}__{trace}__{layout}"
         real_dir = out / "real" / name
@@ -138,6 +141,8 @@ def run_compare(out: Path, selected) -> int:
         real_steps = pd.read_csv(real_dir / "steps.csv")
         lines.append(timeline_line(name, real_steps, result.steps))
         step_lines.append(step_line(name, real_steps, result.steps))
+        request_lines.append(request_line(name, pd.read_csv(real_dir / "requests.csv"), result.requests))
+        batch_lines.append(batch_line(name, real_steps, result.steps))
     if not rows:
         print("error: no real runs to compare", file=sys.stderr)
         return 2
@@ -156,9 +161,54 @@ def run_compare(out: Path, selected) -> int:
         "| cell | decode only | small chunk | large chunk | slow decode steps |\n"
         "| --- | ---: | ---: | ---: | ---: |\n"
         + "\n".join(step_lines) + "\n")
+    (out / "requests.md").write_text(
+        "Per request, |cost - real| / real of its TTFT and of its TPOT (requests with both; TPOT of those "
+        "with more than one output token): median and p90 over the cell's requests. A percentile over a "
+        "cell can sit on the edge of a group of requests (one request crossing it moves it), which these "
+        "do not.\n\n"
+        "| cell | requests | TTFT median | TTFT p90 | TPOT median | TPOT p90 |\n"
+        "| --- | ---: | ---: | ---: | ---: | ---: |\n" + "\n".join(request_lines) + "\n")
+    (out / "decode_batches.md").write_text(
+        f"Median decode-only step time in ms by decode batch (1 to {max(BATCHES)}), real / cost; '-' where "
+        "either run has no such step. The decode graphs pad a batch to its bucket (1, 2, 4, 8, 16, 32).\n\n"
+        "| cell | " + " | ".join(str(b) for b in BATCHES) + " |\n"
+        "| --- |" + " ---: |" * len(BATCHES) + "\n" + "\n".join(batch_lines) + "\n")
     print((out / "validation.md").read_text())
     print((out / "timeline.md").read_text())
     return 0
+
+
+def request_line(name: str, real, cost) -> str:
+    """Per-request agreement of TTFT and TPOT: the median and p90 of
+    |cost - real| / real over the requests both runs finished."""
+    both = real[["rid", "ttft_s", "tpot_s"]].merge(cost[["rid", "ttft_s", "tpot_s"]], on="rid",
+                                                    suffixes=("_real", "_cost"))
+    ttft = both.dropna(subset=["ttft_s_real", "ttft_s_cost"])
+    ttft = ((ttft.ttft_s_cost - ttft.ttft_s_real).abs() / ttft.ttft_s_real)
+    tpot = both.dropna(subset=["tpot_s_real", "tpot_s_cost"])
+    tpot = tpot[tpot.tpot_s_real > 0]
+    tpot = ((tpot.tpot_s_cost - tpot.tpot_s_real).abs() / tpot.tpot_s_real)
+
+    def pct(x, q):
+        return f"{100 * x.quantile(q):.1f} %" if len(x) else "-"
+
+    return (f"| {name} | {len(ttft)} | {pct(ttft, 0.5)} | {pct(ttft, 0.9)} | {pct(tpot, 0.5)} | "
+            f"{pct(tpot, 0.9)} |")
+
+
+BATCHES = tuple(range(1, 17))
+"""The decode batches `decode_batches.md` compares (the validation's cells
+decode 1-27 requests at once, most steps 1-16)."""
+
+
+def batch_line(name: str, real, cost) -> str:
+    """The median decode-only step time per decode batch, real / cost (ms)."""
+    cells = []
+    for b in BATCHES:
+        a = real[(real.prefill_tokens == 0) & (real.decode_tokens == b)].step_time_s
+        c = cost[(cost.prefill_tokens == 0) & (cost.decode_tokens == b)].step_time_s
+        cells.append(f"{1e3 * a.median():.1f} / {1e3 * c.median():.1f}" if len(a) and len(c) else "-")
+    return f"| {name} | " + " | ".join(cells) + " |"
 
 
 def timeline_line(name: str, real, cost) -> str:

@@ -1,0 +1,37 @@
+"""benchmarks/validate_real.py's per-request and per-batch comparisons (the
+real runs themselves need the H200; these read tables)."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+spec = importlib.util.spec_from_file_location(
+    "validate_real", Path(__file__).resolve().parents[2] / "benchmarks" / "validate_real.py")
+validate = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(validate)
+
+
+def test_each_request_is_compared_with_itself_and_only_where_both_runs_have_it():
+    real = pd.DataFrame({"rid": [0, 1, 2, 3, 4], "ttft_s": [1.0, 2.0, 4.0, 1.0, np.nan],
+                         "tpot_s": [0.1, 0.2, np.nan, 0.4, np.nan]})
+    # rid 0: +10 % / +10 %; rid 1: -50 % / 0 %; rid 2: +25 %, no TPOT (one token); rid 3 missing in cost;
+    # rid 4 never got a first token in the real run; rid 9 only in cost
+    cost = pd.DataFrame({"rid": [0, 1, 2, 4, 9], "ttft_s": [1.1, 1.0, 5.0, 1.0, 1.0],
+                         "tpot_s": [0.11, 0.2, np.nan, 0.1, 0.1]})
+    line = validate.request_line("cell", real, cost)
+    ttft = pd.Series([0.1, 0.5, 0.25])
+    tpot = pd.Series([0.1, 0.0])
+    want = (f"| cell | 3 | {100 * ttft.median():.1f} % | {100 * ttft.quantile(0.9):.1f} % | "
+            f"{100 * tpot.median():.1f} % | {100 * tpot.quantile(0.9):.1f} % |")
+    assert line == want == "| cell | 3 | 25.0 % | 45.0 % | 5.0 % | 9.0 % |"
+
+
+def test_decode_steps_are_compared_batch_by_batch():
+    real = pd.DataFrame({"prefill_tokens": [0, 0, 0, 10, 0], "decode_tokens": [1, 1, 3, 3, 3],
+                         "step_time_s": [0.010, 0.012, 0.020, 0.5, 0.022]})
+    cost = pd.DataFrame({"prefill_tokens": [0, 0, 0], "decode_tokens": [1, 2, 3], "step_time_s": [0.009, 0.015, 0.021]})
+    cells = validate.batch_line("cell", real, cost).strip("| ").split(" | ")
+    assert cells[0] == "cell" and len(cells) == 1 + len(validate.BATCHES)
+    assert cells[1:5] == ["11.0 / 9.0", "-", "21.0 / 21.0", "-"]  # batch 3's mixed step is not a decode step
