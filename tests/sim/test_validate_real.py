@@ -23,9 +23,14 @@ def test_each_request_is_compared_with_itself_and_only_where_both_runs_have_it()
     line = validate.request_line("cell", real, cost)
     ttft = pd.Series([0.1, 0.5, 0.25])
     tpot = pd.Series([0.1, 0.0])
+    # TTFT p90 (ms): real over rids 0-3; cost over 0, 1, 2, 4, 9; then with rid 1 (the largest gap, 1 s) at 2.0
+    p90 = [1e3 * pd.Series(v).quantile(0.9) for v in ([1.0, 2.0, 4.0, 1.0], [1.1, 1.0, 5.0, 1.0, 1.0],
+                                                      [1.1, 2.0, 5.0, 1.0, 1.0])]
     want = (f"| cell | 3 | {100 * ttft.median():.1f} % | {100 * ttft.quantile(0.9):.1f} % | "
-            f"{100 * tpot.median():.1f} % | {100 * tpot.quantile(0.9):.1f} % |")
-    assert line == want == "| cell | 3 | 25.0 % | 45.0 % | 5.0 % | 9.0 % |"
+            f"{100 * tpot.median():.1f} % | {100 * tpot.quantile(0.9):.1f} % | "
+            f"{p90[0]:.1f} / {p90[1]:.1f} / {p90[2]:.1f} |")
+    assert line == want
+    assert line.startswith("| cell | 3 | 25.0 % | 45.0 % | 5.0 % | 9.0 % | 3400.0 / 3440.0 / 3800.0 |")
 
 
 def test_decode_steps_are_compared_batch_by_batch():
