@@ -324,11 +324,13 @@ def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, contex
     (None: `timed`; benchmarks/profile_state_prefill.py profiles it)."""
     import torch
     from unikv.sim.real.graphs import DecodeGraphs
+    from unikv.sim.real.ssd import scan_for
     from unikv.sim.real.state import StateBinder, cache_kwarg, pool_state_views
 
     pool, views = pool_for(spec, placed, max(cached, context) + 4, decoders + 1, unwindowed_tokens=chunk)
     binder = StateBinder(lm, pool_state_views(lm, pool, STATE_BAND))
     kwarg = cache_kwarg(lm)  # the executor reads it once (`RealExecutor.cache_kwarg`)
+    scan = scan_for(lm)  # as once (`RealExecutor.scan`), outside the timed step
     parts = []
     if chunk:
         parts.append(_chunk_forward(pool, views, spec, chunk, cached))
@@ -342,7 +344,7 @@ def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, contex
 
     def step():
         for ctx_of, inputs, states, fresh in parts:
-            _state_forward(lm, binder, ctx_of(), inputs, pool.translate(states, STATE_BAND), fresh, kwarg)
+            _state_forward(lm, binder, ctx_of(), inputs, pool.translate(states, STATE_BAND), fresh, kwarg, scan)
         if decode is not None:
             batch, states = decode
             with torch.inference_mode():
@@ -400,19 +402,17 @@ def _decode_forward(pool, views, spec, decoders: int, context: int):
     return ctx, inputs, states, False
 
 
-def _state_forward(lm, binder, ctx, inputs: dict, slots, fresh: bool, kwarg: str) -> None:
+def _state_forward(lm, binder, ctx, inputs: dict, slots, fresh: bool, kwarg: str, scan) -> None:
     """One forward with recurrent state, as `RealExecutor._forward` runs
     it: the state gathered from `slots` into a cache (`fresh`: a new one),
-    the forward over the pool (its cache passed as `kwarg`), the state
-    scattered back, the greedy token of each kept row taken."""
-    import contextlib
-
+    the forward over the pool (its cache passed as `kwarg`) inside `scan()`
+    (`sim.real.ssd.scan_for`), the state scattered back, the greedy token
+    of each kept row taken."""
     import torch
     from unikv.sim.real.attention import use_step
-    from unikv.sim.real.ssd import einsum_chunk_scan, has_mixer
 
     cache = binder.before(slots, fresh=fresh)
-    with torch.inference_mode(), use_step(ctx), (einsum_chunk_scan() if has_mixer(lm) else contextlib.nullcontext()):
+    with torch.inference_mode(), use_step(ctx), scan():
         out = lm(use_cache=True, **inputs, **{kwarg: cache})
         binder.after(cache, slots)
     (out.logits[0] if ctx.layout == "packed" else out.logits[:, -1]).argmax(-1)

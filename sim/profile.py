@@ -395,11 +395,7 @@ class StepProfile:
         grid's first two context columns, slope >= 0; whether the row lay
         outside the grid's rows): the part of a step that does not grow
         with context."""
-        grid = self.decode
-        cell = grid.row_cell(batch)
-        c0, c1 = grid.cols[:2]
-        (at_0, out_0), (at_1, out_1) = grid.at_row(cell, c0), grid.at_row(cell, c1)
-        return max(at_0 - max(at_1 - at_0, 0.0) / (c1 - c0) * c0, 0.0), out_0 or out_1
+        return _on_first_line(self.decode, self.decode.row_cell(batch), 0.0)
 
     def step_forward_s(self, prefill: Sequence[tuple[int, int]], batch: int,
                        context_tokens: float) -> tuple[float, bool]:
@@ -601,11 +597,19 @@ def _at_cached(grid: Grid, cell: tuple[int, float, bool], cached: float) -> tupl
     two prompts."""
     if cached >= 0:
         return grid.at_row(cell, cached)
+    seconds, outside = _on_first_line(grid, cell, cached)
+    # a grid whose cached axis starts above 0 was not measured there: flagged
+    return seconds, outside or grid.cols[0] > 0
+
+
+def _on_first_line(grid: Grid, cell: tuple[int, float, bool], col: float) -> tuple[float, bool]:
+    """(the grid's row `cell` at `col` below its first column, on the line
+    through its first two columns with the slope kept >= 0 and the time
+    >= 0; whether those two reads lay outside the grid's rows)."""
     c0, c1 = grid.cols[:2]
     (at_0, out_0), (at_1, out_1) = grid.at_row(cell, c0), grid.at_row(cell, c1)
     slope = max(at_1 - at_0, 0.0) / (c1 - c0)
-    # a grid whose cached axis starts above 0 was not measured there: flagged
-    return max(at_0 + slope * (cached - c0), 0.0), out_0 or out_1 or c0 > 0
+    return max(at_0 + slope * (col - c0), 0.0), out_0 or out_1
 
 
 class ProfileStepCost:

@@ -38,7 +38,7 @@ import time
 from typing import Any
 
 from unikv.sim.real.batch import BlockRows, StepBatch, build_batch
-from unikv.sim.real.ssd import einsum_chunk_scan, has_mixer
+from unikv.sim.real.ssd import scan_for
 from unikv.sim.real.state import cache_kwarg
 from unikv.sim.real.tokens import TokenSource
 from unikv.sim.scheduler import StepPlan
@@ -96,7 +96,7 @@ class RealExecutor:
         self.cache_kwarg = cache_kwarg(model) if binder is not None else ""
         # a Mamba-2 mixer's prefill chunk scans as einsum contractions (sim.real.ssd), not transformers'
         # broadcast products (5.17: 2-17 GB per layer at 4,096 tokens)
-        self.scan = einsum_chunk_scan if binder is not None and has_mixer(model) else contextlib.nullcontext
+        self.scan = scan_for(model) if binder is not None else contextlib.nullcontext
         self.rows = BlockRows(memory.pool, self.bands, device)  # requests' virtual pages, kept on the device
         self.generated: dict[int, list[int]] = {}  # rid -> the model's tokens, in order
         self.step_s: list[float] = []  # measured seconds of each step

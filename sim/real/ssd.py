@@ -110,6 +110,13 @@ def has_mixer(model) -> bool:
     return any(type(m).__name__ == MIXER for m in model.modules())
 
 
+def scan_for(model):
+    """The context a forward of `model` runs in: `einsum_chunk_scan` for a
+    model with such a mixer, `contextlib.nullcontext` otherwise. Decided
+    once per model (it walks the modules), outside any timed forward."""
+    return einsum_chunk_scan if has_mixer(model) else contextlib.nullcontext
+
+
 @contextlib.contextmanager
 def einsum_chunk_scan() -> Iterator[None]:
     """Within the block, transformers' Nemotron-H mixers scan with
