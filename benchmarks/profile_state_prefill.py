@@ -235,12 +235,13 @@ def report(point: str, wall_s: list[float], rows: dict, host_ms: float, top: str
     return "\n".join(lines), summary
 
 
-SCANS = ("einsum", "transformers")
-"""How a Mamba-2 mixer's prefill chunk scans: "einsum", as the real
-executor runs it (`sim.real.ssd.einsum_chunk_scan`), or "transformers",
-the installed transformers' own `mamba2_chunk_scan` (5.17: broadcast
-products of 2-17 GB per layer at 4,096 tokens), to measure what the
-einsum form takes off."""
+SCANS = ("kernels", "einsum", "transformers")
+"""How a Mamba-2 mixer's prefill chunk scans: "kernels", as the real
+executor runs it (`sim.real.ssd.kernel_chunk_scan`: unikv's Triton SSD
+kernels on CUDA), "einsum", the kernels' torch reference (one einsum a
+contraction, fp32), or "transformers", the installed transformers' own
+`mamba2_chunk_scan` (5.17: broadcast products of 2-17 GB per layer at
+4,096 tokens)."""
 
 
 @contextlib.contextmanager
@@ -248,17 +249,19 @@ def scanning(scan: str):
     """Within the block, `profile_model`'s state forwards scan as `scan` says."""
     from unikv.sim.real import ssd
 
-    saved = ssd.einsum_chunk_scan
-    if scan == "transformers":
-        ssd.einsum_chunk_scan = contextlib.nullcontext
+    saved = ssd.kernel_chunk_scan
+    if scan == "einsum":
+        ssd.kernel_chunk_scan = ssd.einsum_chunk_scan
+    elif scan == "transformers":
+        ssd.kernel_chunk_scan = contextlib.nullcontext
     try:
         yield
     finally:
-        ssd.einsum_chunk_scan = saved
+        ssd.kernel_chunk_scan = saved
 
 
 def profile_point(lm, spec, placed, chunk: int, cached: int, reps: int, trace: Path | None,
-                  scan: str = "einsum") -> tuple[str, dict]:
+                  scan: str = "kernels") -> tuple[str, dict]:
     """One prefill point profiled (`state_point` with `profiling_run`),
     its Mamba-2 chunks scanning as `scan` (SCANS) says."""
     got: dict = {}
@@ -329,7 +332,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("results/real/h200/hybrid_prefill"))
     ap.add_argument("--trace", action="store_true", help="write a Chrome trace of each point")
     ap.add_argument("--scans", nargs="+", choices=SCANS, default=list(SCANS),
-                    help="how a Mamba-2 chunk scans: einsum (the executor's), transformers (its own function)")
+                    help="how a Mamba-2 chunk scans: kernels (the executor's Triton SSD), einsum (their torch "
+                         "reference), transformers (its own function)")
     ap.add_argument("--smoke", type=Path, default=None, metavar="CONFIG",
                     help="check the script on the CPU: bf16, this (small) config with recurrent state")
     args = ap.parse_args(argv)

@@ -33,12 +33,13 @@ GROUPS = ("mamba2", "mamba2.in_proj", "mamba2.norm", "mamba2.out_proj", "attenti
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     """(stdout, the out folder) of one smoke run: a fresh chunk and one over
-    8 cached tokens, each with both scans (SCANS: the executor's einsum form,
-    transformers' own)."""
+    8 cached tokens, each with two scans (the executor's: the kernels' torch
+    reference on the CPU; transformers' own)."""
     root = tmp_path_factory.mktemp("state_prefill")
     out = root / "out"
     done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", str(config_file(root, "nemotron_moe")),
-                           "--chunks", "16", "--cached", "0", "8", "--reps", "1", "--out", str(out), "--trace"],
+                           "--chunks", "16", "--cached", "0", "8", "--reps", "1", "--out", str(out), "--trace",
+                           "--scans", "kernels", "transformers"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout, out
@@ -48,8 +49,8 @@ def test_the_grouped_table_has_every_module_kind_with_time(smoke):
     stdout, out = smoke
     assert stdout.count("== prefill chunk 16 over ") == 4 and "top 20 ops and kernels by self CPU time" in stdout
     points = json.loads((out / "summary.json").read_text())["points"]
-    assert [p["scan"] for p in points] == ["einsum", "transformers"] * 2
-    assert stdout.count(", einsum scan: wall ") == stdout.count(", transformers scan: wall ") == 2
+    assert [p["scan"] for p in points] == ["kernels", "transformers"] * 2
+    assert stdout.count(", kernels scan: wall ") == stdout.count(", transformers scan: wall ") == 2
     fresh, cached = (p["groups"] for p in points[::2])
     assert "state.gather" not in fresh  # a first chunk starts from no state: nothing gathered
     for g in GROUPS:
@@ -64,7 +65,7 @@ def test_everything_is_packed_into_one_archive(smoke):
     _, out = smoke
     with tarfile.open(out.with_name("out.tar.gz")) as t:
         names = sorted(t.getnames())
-    assert names == [f"out/chunk16_cached{k}_{scan}.trace.json" for k in (0, 8) for scan in ("einsum", "transformers")
+    assert names == [f"out/chunk16_cached{k}_{scan}.trace.json" for k in (0, 8) for scan in ("kernels", "transformers")
                      ] + ["out/report.txt", "out/summary.json"]
     assert sorted(f.name for f in out.iterdir()) == ["report.txt", "summary.json"]  # the traces only packed
 
@@ -82,3 +83,24 @@ def test_bad_input_is_refused_in_one_line(argv, says, monkeypatch, capsys):
     assert script.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and says in err and err.count("\n") == 1, err
+
+
+
+def test_each_scan_swaps_in_its_own_function():
+    """`scanning(scan)`: the executor's scan context (`scan_for` of a model
+    with a Mamba-2 mixer) becomes the kernels', their reference's, or no
+    swap (transformers' own), and is back after the block."""
+    import contextlib
+    import importlib.util
+
+    from unikv.sim.real import ssd
+
+    spec = importlib.util.spec_from_file_location("profile_state_prefill", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.SCANS == ("kernels", "einsum", "transformers")
+    own = ssd.kernel_chunk_scan
+    for scan, want in (("kernels", own), ("einsum", ssd.einsum_chunk_scan), ("transformers", contextlib.nullcontext)):
+        with module.scanning(scan):
+            assert ssd.kernel_chunk_scan is want, scan
+        assert ssd.kernel_chunk_scan is own

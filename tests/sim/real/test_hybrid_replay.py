@@ -211,10 +211,11 @@ def test_a_hybrids_replay_through_sim_run_equals_transformers_greedy_tokens(tmp_
 
 
 @pytest.mark.parametrize("family", ["nemotron_h", "lfm2"])
-def test_a_mamba2_prefill_scans_through_the_einsum_form_and_keeps_transformers_tokens(tmp_path, monkeypatch,
+def test_a_mamba2_prefill_scans_through_unikvs_scan_and_keeps_transformers_tokens(tmp_path, monkeypatch,
                                                                                       one_thread, family):
     """The executor runs a Nemotron-H forward with `sim.real.ssd`'s scan in
-    transformers' place (`einsum_chunk_scan`): every prefill chunk,
+    transformers' place (`kernel_chunk_scan`: the Triton kernels on CUDA,
+    their einsum reference on the CPU): every prefill chunk,
     continued ones included, scans through it, and the tokens are still
     those of transformers' own scan and cache; LFM2 (short conv, no scan)
     runs without the swap."""
@@ -235,7 +236,7 @@ def test_a_mamba2_prefill_scans_through_the_einsum_form_and_keeps_transformers_t
     if family == "lfm2":
         assert ex.scan is contextlib.nullcontext and calls == []
         return
-    assert ex.scan is ssd.einsum_chunk_scan and continued
+    assert ex.scan is ssd.kernel_chunk_scan and continued
     assert len(calls) > 0 and any(initial for _, initial in calls), "no chunk scanned from a slot's state"
     want = references(ex.model, ex, res.requests)
     for rid in want:
