@@ -31,9 +31,12 @@ def mixer_shape(model: str) -> tuple[int, int, int, int, int]:
     """(heads, head dim, groups, state, chunk) of a bundled model's Mamba-2 mixer."""
     import json
 
-    from unikv.sim.real.model import config_path
+    from profile_coverage import config_file  # this folder
 
-    cfg = json.loads(Path(config_path(model)).read_text())
+    path = config_file(model)
+    if path is None:
+        raise ValueError(f"--model {model!r}: unknown model (no bundled config.json)")
+    cfg = json.loads(Path(path).read_text())
     cfg = cfg.get("text_config", cfg)
     try:
         return (int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"]), int(cfg["n_groups"]),
