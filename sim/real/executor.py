@@ -584,15 +584,16 @@ def executor_summary(config, executor: RealExecutor) -> dict:
 
 def prefill_summary(executor: RealExecutor) -> dict:
     """Whether the packed steps (with a prefill chunk) ran compiled: steps
-    run compiled and eagerly, forwards that compiled a new graph and the
+    (with recurrent state: prefill chunks, one forward each) run compiled
+    and eagerly, forwards that compiled a new graph and the
     graphs they made (the recompiles of the run), their seconds, and why
     the compiled forward stopped or never ran (None: it never failed)."""
     if executor.prefill is None:
         packed = executor.decode_only.count(False)
         return {"prefill_compiled_steps": 0, "prefill_eager_steps": packed, "prefill_compiles": 0,
                 "prefill_graphs": 0, "prefill_compile_s": 0.0,
-                "prefill_compile_failure": "recurrent state: its prefill chunks run eagerly, one forward each "
-                                           "(the state binder)"}
+                "prefill_compile_failure": "no compiled prefill was built: the packed steps ran eagerly"}
+    # with a state binder the counts are of forwards (each prefill chunk alone), not of steps
     s = executor.prefill.stats()
     return {"prefill_compiled_steps": s["compiled_steps"], "prefill_eager_steps": s["eager_steps"],
             "prefill_compiles": s["compiles"], "prefill_graphs": s["graphs"], "prefill_compile_s": s["compile_s"],
@@ -610,8 +611,8 @@ def packed_graph_summary(executor: RealExecutor) -> dict:
         return {"packed_graph_steps_captured": 0, "packed_graph_steps_uncaptured": 0,
                 "packed_graph_fallbacks": packed, "packed_graph_buckets": [], "packed_graph_captured": [],
                 "packed_graph_capture_failures": {},
-                "packed_graph_off": "recurrent state: its prefill chunks run eagerly, one forward each "
-                                    "(the state binder)"}
+                "packed_graph_off": "recurrent state: each prefill chunk runs as its own forward with the state "
+                                    "binder's cache, uncaptured (compiled with --compile-prefill)"}
     s = executor.packed.stats()
     out = {"packed_graph_steps_captured": s["steps_captured"], "packed_graph_steps_uncaptured": s["steps_uncaptured"],
            "packed_graph_fallbacks": s["fallbacks"], "packed_graph_buckets": s["buckets"],
