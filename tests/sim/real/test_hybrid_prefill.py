@@ -22,7 +22,11 @@ from unikv.sim.real.hybrid import LayerCache, layer_kwargs  # noqa: E402
 from tests.sim.real.test_hybrid_replay import BUDGETS, references, replay  # noqa: E402
 
 
-def compiled_replay(tmp_path, monkeypatch, name="nemotron_h", backend="aot_eager", chunk_size: int = 64):
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def compiled_replay(tmp_path, monkeypatch, name="nemotron_h", backend="aot_eager", chunk_size: int = 64,
+                    device: str = "cpu"):
     """`test_hybrid_replay.replay` (lazy compaction) with the prefill chunks
     compiled by `backend`, the model's Mamba-2 scan in chunks of
     `chunk_size` tokens (64: every prefill chunk of 16 tokens or fewer is
@@ -33,19 +37,23 @@ def compiled_replay(tmp_path, monkeypatch, name="nemotron_h", backend="aot_eager
     monkeypatch.setattr(real_executor, "COMPILE_BACKEND", backend)
     monkeypatch.setitem(test_hybrid_replay.TRIM, "chunk_size", chunk_size)
     return replay(tmp_path, monkeypatch, "lazy", name=name, budget_gib=BUDGETS.get(name, BUDGETS["nemotron_h"]),
-                  compile_prefill=True)
+                  compile_prefill=True, device=device)
 
 
-@pytest.mark.parametrize("chunk_size", [64, pytest.param(8, marks=pytest.mark.slow)])  # 8: scans of 1-2 chunks
+@pytest.mark.parametrize("chunk_size,device,backend", [
+    pytest.param(64, "cpu", "aot_eager", id="cpu-64"),
+    pytest.param(8, "cpu", "aot_eager", id="cpu-8", marks=pytest.mark.slow),  # 8: scans of 1 and 2 chunks
+    pytest.param(8, "cuda", "inductor", id="cuda-8", marks=[CUDA, pytest.mark.gpu])])
 def test_a_hybrid_replay_with_compiled_prefill_chunks_gives_transformers_tokens(tmp_path, monkeypatch, one_thread,
-                                                                               chunk_size):
+                                                                               chunk_size, device, backend):
     """Nemotron-H (mamba, attention, mamba, MLP): every prefill chunk (first
     chunks, continuing chunks, readmissions after a retraction) runs
     through the compiled blocks with the binder's cache; a handful of
     graphs serves every chunk size, and the tokens equal transformers'
     greedy `generate` (as the eager replay's do: test_hybrid_replay.py)."""
     torch._dynamo.reset()  # the graphs counted are this test's
-    res, ex, retracted_at, continued = compiled_replay(tmp_path, monkeypatch, chunk_size=chunk_size)
+    res, ex, retracted_at, continued = compiled_replay(tmp_path, monkeypatch, chunk_size=chunk_size, device=device,
+                                                       backend=backend)
     s = res.summary
     chunks = int(res.steps["prefill_tokens"].gt(0).sum())
     assert res.violations == [] and continued and any(g > 0 for g in retracted_at)
