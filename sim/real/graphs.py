@@ -184,7 +184,6 @@ class CompiledLayers:
 
     def __init__(self, model, *, backend: Any, mode: str | None) -> None:
         import torch
-
         from unikv.sim.real.hybrid import attention_module, recurrent_module, stateless_block
 
         decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
@@ -228,7 +227,6 @@ class CompiledLayers:
 
     def _forward(self, cls: type, batch: int, dim: int, recurrent: Any = None, attention: Any = None) -> Callable:
         import torch
-
         from unikv.sim.real.hybrid import layer_kwargs
 
         compiled = self.compiled[cls]

@@ -21,7 +21,6 @@ from unikv.sim.real.hybrid import LayerCache, layer_kwargs  # noqa: E402
 
 from tests.sim.real.test_hybrid_replay import BUDGETS, references, replay  # noqa: E402
 
-
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
