@@ -36,8 +36,8 @@ sink that no request holds (several padding rows writing it is harmless).
 The cache's attention layers stay empty (`hold_empty`): the pool holds
 their K/V. The step is set with `use_step`, not the forward's keyword,
 since transformers hands that keyword to the Mamba-2 mixer's kernels as
-well. Such a bucket is not compiled (the compiled layers take no cache:
-`stats()` records why). A forward that reads the device on the host
+well. Such a bucket is not compiled (the compiled layers take a cache
+only for prefill chunks, `sim.real.hybrid`: `stats()` records why). A forward that reads the device on the host
 cannot be captured; `capture_hazard` names the ones this model family has
 (transformers' eager MoE experts loop; its grouped_mm experts on CUDA with
 weights other than bf16, or off compute capability 9.x / 10.x, where
@@ -343,8 +343,8 @@ class DecodeGraphs:
         self._layers: CompiledLayers | None = None
         self._refused: str | None = None  # why the model cannot be compiled at all
         if self.compile and binder is not None:
-            self._refused = ("recurrent state: the compiled layers take no cache (the state binder's), so the "
-                             "buckets run uncompiled")
+            self._refused = ("recurrent state: the decode buckets do not pass the state binder's static cache to "
+                             "the compiled layers (only prefill chunks do), so the buckets run uncompiled")
         elif self.compile:
             self._prepare_compile(compile_backend, compile_mode)
 
