@@ -20,18 +20,21 @@
 #   hybrid  benchmarks/profile_model.py for nemotron-3-nano-30b-a3b, the
 #           model with recurrent state: decode through the decode graphs'
 #           buckets (the state's gather and scatter captured inside them),
-#           prefill chunks eager (--compiled and --prefill-graphs are
-#           refused for it); to decide whether it can be bundled.
+#           prefill chunks through the compiled blocks (--compiled; its
+#           decode buckets stay uncompiled, --prefill-graphs is refused
+#           for it); to decide whether it can be bundled.
 #   hybrid-prefill benchmarks/profile_state_prefill.py for nemotron-3-nano-30b-a3b:
 #           one prefill chunk of 512 and of 4,096 tokens (no cache) under
 #           torch.profiler, its CUDA time by module kind (Mamba-2 mixer,
 #           MoE, attention, the state's gather and scatter, other), the
 #           top 20 ops, kernel launches and host syncs, each point with
-#           the executor's einsum scan (sim/real/ssd.py) and with
-#           transformers' own (about 3-4 min, most of it the model's
-#           build); report and summary in
+#           the executor's scan (unikv's Triton SSD kernels,
+#           sim/real/ssd.py), their einsum reference and transformers'
+#           own (about 3-4 min, most of it the model's build); report and summary in
 #           $out/hybrid_prefill/, with the Chrome traces in
-#           $out/hybrid_prefill.tar.gz (docs/real_executor.md).
+#           $out/hybrid_prefill.tar.gz (docs/real_executor.md); then the
+#           same chunks through the compiled blocks (--compiled, the
+#           kernels' scan) into $out/hybrid_prefill_compiled/.
 # Logs and outputs go to $OUT (default results/real/h200).
 #
 #   bash benchmarks/gpu_suite.sh tests check    # one device call
@@ -95,7 +98,7 @@ for part in "$@"; do
         ;;
     hybrid)
         model=nemotron-3-nano-30b-a3b
-        python3 benchmarks/profile_model.py --model "$model" --gpu h200 --reps 5 \
+        python3 benchmarks/profile_model.py --model "$model" --gpu h200 --reps 5 --compiled \
             --out "$out/profiles/${model}__h200.json" --heldout "$out/profiles/${model}__h200_heldout.json" \
             --revision "$(cat REVISION 2>/dev/null || echo unknown)" 2>&1 | tee "$out/${model}_profile.log"
         ;;
@@ -103,6 +106,9 @@ for part in "$@"; do
         python3 benchmarks/profile_state_prefill.py --model nemotron-3-nano-30b-a3b --gpu h200 \
             --chunks 512 4096 --cached 0 --reps 2 --trace --out "$out/hybrid_prefill" 2>&1 \
             | tee "$out/hybrid_prefill.log"
+        python3 benchmarks/profile_state_prefill.py --model nemotron-3-nano-30b-a3b --gpu h200 --compiled \
+            --scans kernels --chunks 512 4096 --cached 0 --reps 2 --out "$out/hybrid_prefill_compiled" 2>&1 \
+            | tee "$out/hybrid_prefill_compiled.log"
         ;;
     *)
         echo "error: unknown part $part (tests, check, bench, overlap, validate, profiles, hybrid, hybrid-prefill)" >&2

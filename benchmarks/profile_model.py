@@ -311,7 +311,7 @@ def _graph_times(lm, pool, views, rows, ids, ctx, input_ids, position_ids, keep,
 
 
 def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, context: int, reps: int,
-                graphs: bool = True, run=None) -> list[float]:
+                graphs: bool = True, run=None, compiled: bool = False) -> list[float]:
     """Seconds of each of `reps` steps of a model with recurrent state, run
     as the real executor runs them (`RealExecutor.launch` / `_forward`): a
     chunk of `chunk` tokens over `cached` cached tokens alone (0: none),
@@ -321,7 +321,14 @@ def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, contex
     the binder: the gather and scatter inside it; captured on CUDA in the
     first WARMUPS step), or with `graphs` off as one eager forward between
     the binder's gather and scatter. `run(step, reps)` times the step
-    (None: `timed`; benchmarks/profile_state_prefill.py profiles it)."""
+    (None: `timed`; benchmarks/profile_state_prefill.py profiles it).
+    `compiled`: the chunk through the compiled blocks with the binder's
+    cache (`CompiledPrefill.forward_state`, as the executor runs it with
+    --compile-prefill; the first WARMUPS step compiles).
+
+    Raises:
+        RuntimeError: with `compiled`, a chunk whose compiled forward failed
+            (it would time the eager one)."""
     import torch
     from unikv.sim.real.graphs import DecodeGraphs
     from unikv.sim.real.ssd import scan_for
@@ -332,8 +339,13 @@ def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, contex
     kwarg = cache_kwarg(lm)  # the executor reads it once (`RealExecutor.cache_kwarg`)
     scan = scan_for(lm)  # as once (`RealExecutor.scan`), outside the timed step
     parts = []
+    prefill = None
     if chunk:
         parts.append(_chunk_forward(pool, views, spec, chunk, cached))
+        if compiled:
+            from unikv.sim.real.prefill import CompiledPrefill
+
+            prefill = CompiledPrefill(lm, views, device=brd.DEVICE)
     decode = graph = None
     if decoders and graphs:
         decode = _decode_batch(pool, views, spec, decoders, context)
@@ -344,7 +356,8 @@ def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, contex
 
     def step():
         for ctx_of, inputs, states, fresh in parts:
-            _state_forward(lm, binder, ctx_of(), inputs, pool.translate(states, STATE_BAND), fresh, kwarg, scan)
+            _state_forward(lm, binder, ctx_of(), inputs, pool.translate(states, STATE_BAND), fresh, kwarg, scan,
+                           prefill)
         if decode is not None:
             batch, states = decode
             with torch.inference_mode():
@@ -352,6 +365,8 @@ def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, contex
                     raise RuntimeError(f"decode batch {decoders}: no bucket takes it")
 
     times = (run or timed)(step, reps)
+    if prefill is not None and prefill.stats()["failure"] is not None:
+        raise RuntimeError(f"prefill {chunk} x {cached}: not compiled ({prefill.stats()['failure']})")
     if graph is not None and brd.DEVICE == "cuda" and not graph.stats()["captured"]:
         raise RuntimeError(f"decode batch {decoders}: the graph was not captured ({graph.stats()['failures']})")
     return times
@@ -402,15 +417,23 @@ def _decode_forward(pool, views, spec, decoders: int, context: int):
     return ctx, inputs, states, False
 
 
-def _state_forward(lm, binder, ctx, inputs: dict, slots, fresh: bool, kwarg: str, scan) -> None:
+def _state_forward(lm, binder, ctx, inputs: dict, slots, fresh: bool, kwarg: str, scan, prefill=None) -> None:
     """One forward with recurrent state, as `RealExecutor._forward` runs
     it: the state gathered from `slots` into a cache (`fresh`: a new one),
     the forward over the pool (its cache passed as `kwarg`) inside `scan()`
     (`sim.real.ssd.scan_for`), the state scattered back, the greedy token
-    of each kept row taken."""
+    of each kept row taken. `prefill`: a packed chunk runs through this
+    `CompiledPrefill` (`forward_state`, as `RealExecutor._prefill_state`)."""
     import torch
     from unikv.sim.real.attention import use_step
 
+    if prefill is not None and ctx.layout == "packed":
+        out, cache = prefill.forward_state(ctx, inputs["input_ids"], inputs["position_ids"],
+                                           inputs["logits_to_keep"], bind=lambda: binder.before(slots, fresh=fresh))
+        with torch.inference_mode():
+            binder.after(cache, slots)
+        out.logits[0].argmax(-1)
+        return
     cache = binder.before(slots, fresh=fresh)
     with torch.inference_mode(), use_step(ctx), scan():
         out = lm(use_cache=True, **inputs, **{kwarg: cache})
@@ -438,7 +461,7 @@ def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: boo
                     if placed.recurrent:  # the executor's forwards of a model with state
                         times = state_point(lm, spec, placed, *{"decode": (0, 0, r, c), "prefill": (r, c, 0, 0),
                                                                 "mixed": (r, 0, c, mixed_context)}[grid], reps,
-                                             state_graphs)
+                                             state_graphs, compiled=compiled)
                     elif grid == "decode":
                         times = decode_point(lm, spec, placed, r, c, reps, compiled)
                     elif grid == "prefill":
@@ -621,11 +644,6 @@ def main(argv=None) -> int:
         print(f"error: --prefill-graphs: {args.model} keeps recurrent state, whose prefill chunks the real executor "
               "runs eagerly, one forward each", file=sys.stderr)
         return 2
-    if state and args.compiled:
-        print(f"error: --compiled: {args.model} keeps recurrent state, whose decode graphs the real executor does "
-              "not compile (the compiled layers take no cache) and whose prefill chunks it runs eagerly",
-              file=sys.stderr)
-        return 2
     from unikv.sim.real.graphs import capture_hazard
 
     graphs_off = capture_hazard(lm) if brd.DEVICE == "cuda" else None  # the executor's DecodeGraphs refuses it
@@ -649,6 +667,9 @@ def main(argv=None) -> int:
         method = COMPILED_METHOD if args.compiled else METHOD
         if state:
             method = STATE_METHOD if graphs_off is None else STATE_EAGER_METHOD.format(why=graphs_off)
+            if args.compiled:  # the executor's --compile-prefill: each chunk through the compiled blocks
+                method = method.replace("(packed eager", "(packed, its blocks compiled with the binder's cache: "
+                                        "CompiledPrefill.forward_state, --compiled")
         if args.prefill_graphs:
             method += "; prefill / mixed steps of up to 2,048 tokens through CUDA graphs per token bucket"
         prov = provenance(command, args.revision, method)

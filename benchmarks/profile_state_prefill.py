@@ -33,6 +33,10 @@ traces then live only there.
 
 Random weights, bf16 on CUDA, as profile_model.py builds them.
 `--smoke CONFIG` runs on the CPU (bf16, a tiny config) to test the script.
+`--compiled` runs the chunk through the compiled blocks instead (as the
+executor does with --compile-prefill: `CompiledPrefill.forward_state`);
+the kernels are then grouped only as the forward, the state's gather and
+scatter, and `other` (a compiled block is one graph: no mixer ranges).
 
     python benchmarks/profile_state_prefill.py --out results/real/h200/hybrid_prefill --trace
 """
@@ -82,10 +86,12 @@ def mixer_kind(module) -> str | None:
 
 
 @contextlib.contextmanager
-def ranges(lm):
+def ranges(lm, mixers: bool = True):
     """Open a `record_function` range around the model's forward, each
-    decoder layer's mixer and `PARTS` of it, and `StateBinder`'s gather
-    and scatter while inside; all removed after."""
+    decoder layer's mixer and `PARTS` of it (not with `mixers` off: a
+    compiled block is traced whole, hooks inside it would break its
+    graph), and `StateBinder`'s gather and scatter while inside; all
+    removed after."""
     import torch
     from torch.profiler import record_function
     from unikv.sim.real.state import StateBinder
@@ -107,7 +113,7 @@ def ranges(lm):
         handles.append(module.register_forward_hook(leave))
 
     hook(lm, "forward")
-    for layer in decoder_layers(lm):
+    for layer in decoder_layers(lm) if mixers else ():
         for child in layer.children():
             kind = mixer_kind(child)
             if kind is not None:
@@ -261,20 +267,25 @@ def scanning(scan: str):
 
 
 def profile_point(lm, spec, placed, chunk: int, cached: int, reps: int, trace: Path | None,
-                  scan: str = "kernels") -> tuple[str, dict]:
+                  scan: str = "kernels", compiled: bool = False) -> tuple[str, dict]:
     """One prefill point profiled (`state_point` with `profiling_run`),
-    its Mamba-2 chunks scanning as `scan` (SCANS) says."""
+    its Mamba-2 chunks scanning as `scan` (SCANS) says; `compiled`: the
+    chunk through the compiled blocks (`state_point(compiled=True)`, the
+    executor's --compile-prefill), its kernels then not grouped by mixer
+    (one compiled graph a block: they count as `other`)."""
     got: dict = {}
-    with ranges(lm), scanning(scan):
-        pm.state_point(lm, spec, placed, chunk, cached, 0, 0, reps, run=profiling_run(reps, got))
+    with ranges(lm, mixers=not compiled), scanning(scan):
+        pm.state_point(lm, spec, placed, chunk, cached, 0, 0, reps, run=profiling_run(reps, got), compiled=compiled)
     prof = got["profile"]
     key = "self_device_time_total" if brd.DEVICE == "cuda" else "self_cpu_time_total"
     top = prof.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=70)
     if trace is not None:
         prof.export_chrome_trace(str(trace))
-    text, summary = report(f"prefill chunk {chunk} over {cached} cached, {scan} scan", got["wall_s"],
+    how = f"{scan} scan" + (", compiled blocks" if compiled else "")
+    text, summary = report(f"prefill chunk {chunk} over {cached} cached, {how}", got["wall_s"],
                            grouped(prof, reps), forward_host_ms(prof, reps), top)
     summary["scan"] = scan
+    summary["compiled"] = compiled
     return text, summary
 
 
@@ -334,6 +345,9 @@ def main(argv=None) -> int:
     ap.add_argument("--scans", nargs="+", choices=SCANS, default=list(SCANS),
                     help="how a Mamba-2 chunk scans: kernels (the executor's Triton SSD), einsum (their torch "
                          "reference), transformers (its own function)")
+    ap.add_argument("--compiled", action="store_true",
+                    help="the chunk through the compiled blocks, as the executor runs it with --compile-prefill "
+                         "(inductor; the kernels are then not grouped by mixer)")
     ap.add_argument("--smoke", type=Path, default=None, metavar="CONFIG",
                     help="check the script on the CPU: bf16, this (small) config with recurrent state")
     args = ap.parse_args(argv)
@@ -357,8 +371,9 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     texts, summaries = [], []
     for cached, chunk, scan in ((k, c, s) for k in args.cached for c in args.chunks for s in args.scans):
-        trace = args.out / f"chunk{chunk}_cached{cached}_{scan}.trace.json" if args.trace else None
-        text, summary = profile_point(lm, spec, placed, chunk, cached, args.reps, trace, scan)
+        tag = "_compiled" if args.compiled else ""
+        trace = args.out / f"chunk{chunk}_cached{cached}_{scan}{tag}.trace.json" if args.trace else None
+        text, summary = profile_point(lm, spec, placed, chunk, cached, args.reps, trace, scan, args.compiled)
         print(text + f"\n({time.perf_counter() - started:.0f} s since the start)", flush=True)
         texts.append(text)
         summaries.append(summary)

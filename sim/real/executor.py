@@ -63,8 +63,9 @@ class RealExecutor:
             with the same binder (the decoders' `[B, 1]` forward of each
             step runs through it, their state slots passed in).
         prefill: a `sim.real.prefill.CompiledPrefill` the packed steps
-            (with a prefill chunk) run through (None: eagerly); not with
-            a `binder`.
+            (with a prefill chunk) run through (None: eagerly); with a
+            `binder`, each prefill chunk's forward with its cache
+            (`CompiledPrefill.forward_state`).
         packed: a `sim.real.packed_graphs.PackedGraphs` the packed steps
             run through first (None: none); a step it takes no bucket for
             runs as without it; not with a `binder`.
@@ -75,10 +76,10 @@ class RealExecutor:
     def __init__(self, memory, model, views, tokens: TokenSource, *, bands, device: str = "cpu",
                  cost=None, graphs=None, prefill=None, packed=None, binder=None,
                  state_band: str | None = None) -> None:
-        for name, value in (("prefill", prefill), ("packed", packed)):
-            if value is not None and binder is not None:
-                raise ValueError(f"RealExecutor: {name} (compiled or captured packed steps) with a state binder; "
-                                 f"a recurrent model's prefill chunks run eagerly, one forward each: expected {name}=None")
+        if packed is not None and binder is not None:
+            raise ValueError("RealExecutor: packed (captured packed steps) with a state binder; a recurrent "
+                             "model's prefill chunks run one forward each (compiled with prefill): expected "
+                             "packed=None")
         self.mem = memory
         self.model = model
         self.views = views
@@ -127,7 +128,8 @@ class RealExecutor:
         with torch.inference_mode(), use_step(ctx):
             self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=keep)
         if self.prefill is not None:
-            self.prefill.warm_up(self.mem.ps, self.bands)
+            self.prefill.warm_up(self.mem.ps, self.bands,
+                                 new_cache=None if self.binder is None else lambda: self.binder.before([], fresh=True))
         if self.packed is not None:
             self.packed.warm_up()
         if self.graphs is not None:
@@ -184,10 +186,11 @@ class RealExecutor:
         return start.elapsed_time(end) / 1e3 if self.cuda else end - start
 
     def _forward(self, batch: StepBatch, fresh: bool = False) -> Any:
-        """The eager forward of `batch`; returns the greedy token of each
-        sampled row. With a state binder the batch's state is gathered from
-        its requests' slots first (`fresh`: a first prefill chunk starts
-        from no state) and scattered back after."""
+        """The forward of `batch` (eager, or through the compiled prefill
+        for a packed batch); returns the greedy token of each sampled row.
+        With a state binder the batch's state is gathered from its
+        requests' slots first (`fresh`: a first prefill chunk starts from
+        no state) and scattered back after."""
         import torch
         from unikv.sim.real.attention import StepContext, use_step
 
@@ -198,9 +201,9 @@ class RealExecutor:
         slots = cache = None
         if self.binder is not None:
             slots = self._state_slots(batch)
-            start = self._mark()
-            cache = self.binder.before(slots, fresh=fresh)
-            self._bind_marks.append((start, self._mark()))
+            if self.prefill is not None and batch.layout == "packed":  # a prefill chunk: compiled, with its cache
+                return self._prefill_state(ctx, batch, keep, slots, fresh)
+            cache = self._bind(slots, fresh)
             kwargs = {"use_cache": True, self.cache_kwarg: cache}
         if self.prefill is not None and batch.layout == "packed":  # no binder: kwargs hold no cache
             out = self.prefill.forward(ctx, batch.input_ids, batch.position_ids, keep)
@@ -215,6 +218,28 @@ class RealExecutor:
         # packed: logits [1, S, V] at the sampled rows; padded: [B, 1, V], every row samples
         logits = out.logits[0] if batch.layout == "packed" else out.logits[:, -1]
         return logits.argmax(-1)
+
+    def _bind(self, slots, fresh: bool) -> Any:
+        """The binder's cache for `slots` (`StateBinder.before`), timed."""
+        start = self._mark()
+        cache = self.binder.before(slots, fresh=fresh)
+        self._bind_marks.append((start, self._mark()))
+        return cache
+
+    def _prefill_state(self, ctx, batch: StepBatch, keep, slots, fresh: bool) -> Any:
+        """One request's prefill chunk through the compiled prefill with
+        the binder's cache (`CompiledPrefill.forward_state`: a failed
+        compiled forward re-binds and runs eagerly), its state scattered
+        back after; the greedy pick of each sampled row."""
+        import torch
+
+        out, cache = self.prefill.forward_state(ctx, batch.input_ids, batch.position_ids, keep,
+                                                bind=lambda: self._bind(slots, fresh))
+        with torch.inference_mode():
+            start = self._mark()
+            self.binder.after(cache, slots)
+            self._bind_marks.append((start, self._mark()))
+        return out.logits[0].argmax(-1)
 
     def _state_slots(self, batch: StepBatch) -> Any:
         """The physical state slots of `batch`'s requests (host), in batch order."""
@@ -439,12 +464,12 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
                                   compile=config.compile_decode, compile_backend=COMPILE_BACKEND, binder=binder)
         except ValueError as exc:  # a forward a capture cannot take: eager decode, the summary says why
             graph_off = str(exc)
-    if config.compile_prefill and binder is None:  # a recurrent model's prefill chunks run eagerly (the summary says so)
+    if config.compile_prefill:  # with a binder: each prefill chunk's forward, with its cache
         from unikv.sim.real.prefill import CompiledPrefill
 
         prefill = CompiledPrefill(lm, views, device=config.device, backend=COMPILE_BACKEND)
     packed = None
-    if config.prefill_graphs and binder is None:  # as the compiled prefill: the state's prefill chunks run eagerly
+    if config.prefill_graphs and binder is None:  # a recurrent model's chunks run one forward each, uncaptured
         from unikv.sim.real.packed_graphs import PackedGraphs
 
         packed = PackedGraphs(lm, views, bands, device=config.device, max_pages=_max_pages(lm.config, memory),
@@ -559,15 +584,16 @@ def executor_summary(config, executor: RealExecutor) -> dict:
 
 def prefill_summary(executor: RealExecutor) -> dict:
     """Whether the packed steps (with a prefill chunk) ran compiled: steps
-    run compiled and eagerly, forwards that compiled a new graph and the
+    (with recurrent state: prefill chunks, one forward each) run compiled
+    and eagerly, forwards that compiled a new graph and the
     graphs they made (the recompiles of the run), their seconds, and why
     the compiled forward stopped or never ran (None: it never failed)."""
     if executor.prefill is None:
         packed = executor.decode_only.count(False)
         return {"prefill_compiled_steps": 0, "prefill_eager_steps": packed, "prefill_compiles": 0,
                 "prefill_graphs": 0, "prefill_compile_s": 0.0,
-                "prefill_compile_failure": "recurrent state: its prefill chunks run eagerly, one forward each "
-                                           "(the state binder)"}
+                "prefill_compile_failure": "no compiled prefill was built: the packed steps ran eagerly"}
+    # with a state binder the counts are of forwards (each prefill chunk alone), not of steps
     s = executor.prefill.stats()
     return {"prefill_compiled_steps": s["compiled_steps"], "prefill_eager_steps": s["eager_steps"],
             "prefill_compiles": s["compiles"], "prefill_graphs": s["graphs"], "prefill_compile_s": s["compile_s"],
@@ -585,8 +611,8 @@ def packed_graph_summary(executor: RealExecutor) -> dict:
         return {"packed_graph_steps_captured": 0, "packed_graph_steps_uncaptured": 0,
                 "packed_graph_fallbacks": packed, "packed_graph_buckets": [], "packed_graph_captured": [],
                 "packed_graph_capture_failures": {},
-                "packed_graph_off": "recurrent state: its prefill chunks run eagerly, one forward each "
-                                    "(the state binder)"}
+                "packed_graph_off": "recurrent state: each prefill chunk runs as its own forward with the state "
+                                    "binder's cache, uncaptured (compiled with --compile-prefill)"}
     s = executor.packed.stats()
     out = {"packed_graph_steps_captured": s["steps_captured"], "packed_graph_steps_uncaptured": s["steps_uncaptured"],
            "packed_graph_fallbacks": s["fallbacks"], "packed_graph_buckets": s["buckets"],

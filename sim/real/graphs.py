@@ -36,8 +36,8 @@ sink that no request holds (several padding rows writing it is harmless).
 The cache's attention layers stay empty (`hold_empty`): the pool holds
 their K/V. The step is set with `use_step`, not the forward's keyword,
 since transformers hands that keyword to the Mamba-2 mixer's kernels as
-well. Such a bucket is not compiled (the compiled layers take no cache:
-`stats()` records why). A forward that reads the device on the host
+well. Such a bucket is not compiled (the compiled layers take a cache
+only for prefill chunks, `sim.real.hybrid`: `stats()` records why). A forward that reads the device on the host
 cannot be captured; `capture_hazard` names the ones this model family has
 (transformers' eager MoE experts loop; its grouped_mm experts on CUDA with
 weights other than bf16, or off compute capability 9.x / 10.x, where
@@ -163,9 +163,20 @@ class CompiledLayers:
     Layers whose attributes differ (Gemma-3's window and full layers) make
     one graph each.
 
+    A hybrid's layers (`sim.real.hybrid`: Nemotron-H's blocks, whose
+    `mixer` is an attention, a Mamba-2 mixer, an MoE or an MLP; LFM2's
+    attention and short-conv layers) compile the same way, one graph per
+    block kind: a recurrent layer's forward gets, in place of the
+    forward's transformers cache, that cache's one layer behind the cache
+    API (`hybrid.LayerCache`), so its layer index is no constant of the
+    graph; an attention or MLP / MoE block gets no cache (the pool holds
+    the K / V). A first chunk (no state) and a continuing one are two
+    graphs (the guards read the cache layer's flags).
+
     Args:
         model: a transformers causal LM (`get_decoder().layers`, each layer's
-            attention module `self_attn` with its `layer_idx`).
+            attention module `self_attn` with its `layer_idx`, or a hybrid's
+            blocks: `sim.real.hybrid`).
         backend, mode: `torch.compile`'s.
     Raises:
         ValueError: a model without such layers.
@@ -173,15 +184,27 @@ class CompiledLayers:
 
     def __init__(self, model, *, backend: Any, mode: str | None) -> None:
         import torch
+        from unikv.sim.real.hybrid import attention_module, recurrent_module, stateless_block
 
         decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
         layers = tuple(getattr(decoder, "layers", None) or ())
-        if not layers or not all(hasattr(getattr(x, "self_attn", None), "layer_idx") for x in layers):
+        attention = tuple(attention_module(x) for x in layers)
+        recurrent = tuple(recurrent_module(x) if a is None else None for x, a in zip(layers, attention))
+        if not layers or not any(a is not None for a in attention) or not all(
+                a is not None or r is not None or stateless_block(x) for x, a, r in zip(layers, attention, recurrent)):
             raise ValueError(f"CompiledLayers: {type(model).__name__} has no decoder layers with a self_attn "
-                             "module (get_decoder().layers[i].self_attn.layer_idx)")
+                             "module (get_decoder().layers[i].self_attn.layer_idx), nor a hybrid's blocks (an "
+                             "attention, recurrent or MLP / MoE mixer each: sim.real.hybrid)")
         self.layers = layers
+        self.attention = attention  # each layer's attention module (None: a recurrent or MLP / MoE block)
+        self.recurrent = recurrent  # each layer's recurrent module (None: none)
         self.compiled = {cls: torch.compile(cls.forward, backend=backend, mode=mode, fullgraph=True)
                          for cls in {type(x) for x in layers}}
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether some layer has no attention module (a hybrid's stack)."""
+        return any(a is None for a in self.attention)
 
     @contextlib.contextmanager
     def active(self, views, batch: int, dim: int = 0) -> Iterator[None]:
@@ -190,22 +213,26 @@ class CompiledLayers:
         it has size `batch` (decode: 0, the requests of `[B, 1, ...]`;
         a packed step: 1, the tokens of `[1, T, ...]`)."""
         try:
-            for layer in self.layers:
-                i = layer.self_attn.layer_idx
-                layer.self_attn.unikv_cache = (views.k(i), views.v(i), views.band(i))
-                layer.forward = types.MethodType(self._forward(type(layer), batch, dim), layer)
+            for layer, attn, rec in zip(self.layers, self.attention, self.recurrent):
+                if attn is not None:
+                    i = attn.layer_idx
+                    attn.unikv_cache = (views.k(i), views.v(i), views.band(i))
+                layer.forward = types.MethodType(self._forward(type(layer), batch, dim, rec, attn), layer)
             yield
         finally:  # the model as it was: no reference to this pool's views is kept
-            for layer in self.layers:
+            for layer, attn in zip(self.layers, self.attention):
                 layer.__dict__.pop("forward", None)
-                layer.self_attn.__dict__.pop("unikv_cache", None)
+                if attn is not None:
+                    attn.__dict__.pop("unikv_cache", None)
 
-    def _forward(self, cls: type, batch: int, dim: int) -> Callable:
+    def _forward(self, cls: type, batch: int, dim: int, recurrent: Any = None, attention: Any = None) -> Callable:
         import torch
+        from unikv.sim.real.hybrid import layer_kwargs
 
         compiled = self.compiled[cls]
 
         def forward(layer, *args, **kwargs):
+            kwargs = layer_kwargs(kwargs, recurrent, attention)
             if batch > 1:  # hidden states, positions, rotary tables: `batch` long in `dim`
                 for t in _tensors(args, kwargs):
                     if t.dim() > dim and t.shape[dim] == batch:
@@ -316,8 +343,8 @@ class DecodeGraphs:
         self._layers: CompiledLayers | None = None
         self._refused: str | None = None  # why the model cannot be compiled at all
         if self.compile and binder is not None:
-            self._refused = ("recurrent state: the compiled layers take no cache (the state binder's), so the "
-                             "buckets run uncompiled")
+            self._refused = ("recurrent state: the decode buckets do not pass the state binder's static cache to "
+                             "the compiled layers (only prefill chunks do), so the buckets run uncompiled")
         elif self.compile:
             self._prepare_compile(compile_backend, compile_mode)
 

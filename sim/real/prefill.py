@@ -29,13 +29,23 @@ and that step, and every later one, runs the eager forward. Re-running the
 step eagerly is exact: each layer writes its K / V at the step's slots
 before its attention reads them, so whatever the failed forward's first
 layers wrote is written again, by the eager layers, before any read.
+
+A model with recurrent state (Nemotron-H, LFM2) runs each prefill chunk as
+its own `[1, T]` forward with the state binder's transformers cache
+(`forward_state`); its layers compile as `CompiledLayers` compiles a
+hybrid's blocks (`sim.real.hybrid`), one graph per block kind for every
+chunk size, a first chunk and a continuing one apart. A failed compiled
+forward may have updated the state of the layers before the failure in
+the cache, so its eager re-run starts from a new cache gathered from the
+pool's slots again (the slots are written only after the forward).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from unikv.sim.real.graphs import RECOMPILE_LIMIT, CompiledLayers, compile_error, mark_caches_dynamic
@@ -73,12 +83,19 @@ class CompiledPrefill:
         self.compile_s = 0.0  # seconds of those forwards
         self.failure: str | None = None  # why the compiled forward stopped (None: it never failed)
         self._layers: CompiledLayers | None = None
+        self._scan: Any = contextlib.nullcontext
+        self._cache_kwarg = "cache"
         attention_op()  # registered before dynamo traces a caller: dynamo cannot trace the registration
         try:
             self._layers = CompiledLayers(model, backend=backend, mode=mode)
         except ValueError as exc:
             self.failure = f"ValueError: {exc}"
             return
+        if self._layers.hybrid:  # the binder's cache, and sim.real.ssd's scan for a Mamba-2 mixer's chunks
+            from unikv.sim.real.ssd import scan_for
+            from unikv.sim.real.state import cache_kwarg
+
+            self._scan, self._cache_kwarg = scan_for(model), cache_kwarg(model)
         mark_caches_dynamic(views)
 
     def forward(self, ctx, input_ids, position_ids, logits_to_keep) -> Any:
@@ -90,25 +107,58 @@ class CompiledPrefill:
             input_ids, position_ids: `[1, T]` int64.
             logits_to_keep: the rows whose logits are kept (transformers').
         """
+        return self._run(ctx, input_ids, position_ids, logits_to_keep, {})
+
+    def forward_state(self, ctx, input_ids, position_ids, logits_to_keep, bind: Callable[[], Any]) -> tuple:
+        """One request's prefill chunk of a model with recurrent state:
+        `forward` with a transformers cache the forward reads and updates.
+
+        Args:
+            bind: gives the cache (the state binder's, gathered from the
+                request's slot, or empty for a first chunk); called once,
+                and once more for the eager re-run of a compiled forward
+                that failed (module docstring).
+        Returns:
+            (the output, the cache the forward that ran updated).
+        """
+        cache = bind()
         if self._layers is not None and self.failure is None:
             try:
-                out = self._compiled(ctx, input_ids, position_ids, logits_to_keep)
+                out = self._compiled(ctx, input_ids, position_ids, logits_to_keep, self._with(cache))
+            except Exception as exc:  # any compiler error: this step and the later ones eagerly, recorded
+                self.failure = compile_error(exc)
+                cache = bind()
+            else:
+                self.compiled_steps += 1
+                return out, cache
+        self.eager_steps += 1
+        return self._eager(ctx, input_ids, position_ids, logits_to_keep, self._with(cache)), cache
+
+    def _with(self, cache) -> dict:
+        """The forward's keywords that pass `cache`."""
+        return {"use_cache": True, self._cache_kwarg: cache}
+
+    def _run(self, ctx, input_ids, position_ids, keep, extra: dict) -> Any:
+        if self._layers is not None and self.failure is None:
+            try:
+                out = self._compiled(ctx, input_ids, position_ids, keep, extra)
             except Exception as exc:  # any compiler error: this step and the later ones eagerly, recorded
                 self.failure = compile_error(exc)
             else:
                 self.compiled_steps += 1
                 return out
         self.eager_steps += 1
-        return self._eager(ctx, input_ids, position_ids, logits_to_keep)
+        return self._eager(ctx, input_ids, position_ids, keep, extra)
 
-    def _eager(self, ctx, input_ids, position_ids, keep) -> Any:
+    def _eager(self, ctx, input_ids, position_ids, keep, extra: dict) -> Any:
         import torch
         from unikv.sim.real.attention import use_step
 
-        with torch.inference_mode(), use_step(ctx):
-            return self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=keep)
+        kwargs = extra or {"use_cache": False}
+        with torch.inference_mode(), use_step(ctx), self._scan():
+            return self.model(input_ids=input_ids, position_ids=position_ids, logits_to_keep=keep, **kwargs)
 
-    def _compiled(self, ctx, input_ids, position_ids, keep) -> Any:
+    def _compiled(self, ctx, input_ids, position_ids, keep, extra: dict) -> Any:
         """The forward through the compiled layers; a forward that compiles
         a new graph is counted and timed (`compiles`, `graphs`, `compile_s`)."""
         import torch
@@ -118,13 +168,14 @@ class CompiledPrefill:
         tokens = int(input_ids.shape[1])
         mark_step_dynamic(ctx)
         ctx = dataclasses.replace(ctx, opaque=True)
+        kwargs = extra or {"use_cache": False}
         before = counters["stats"]["unique_graphs"]
         t0 = time.perf_counter()
         # inference mode always: the graphs were compiled under it (another grad mode would recompile)
         with torch.inference_mode(), self._layers.active(self.views, tokens, dim=1), torch._dynamo.config.patch(
-                recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
-            out = self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
-                             logits_to_keep=keep, unikv_step=ctx)
+                recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True), self._scan():
+            out = self.model(input_ids=input_ids, position_ids=position_ids, logits_to_keep=keep, unikv_step=ctx,
+                             **kwargs)
         new = counters["stats"]["unique_graphs"] - before
         if new:
             if self.cuda:
@@ -134,12 +185,22 @@ class CompiledPrefill:
             self.compile_s += time.perf_counter() - t0
         return out
 
-    def warm_up(self, page_size: int, bands: Sequence[str]) -> None:
+    def warm_up(self, page_size: int, bands: Sequence[str], new_cache: Callable[[], Any] | None = None) -> None:
         """Compile both token classes before the clock runs: a one-request
         step of two pages of tokens, then one of one token, each reading
-        and writing only the pool's sink (tables, slots: 0)."""
-        for tokens in (2 * page_size, 1):
-            self.forward(*sink_step(self.views, bands, page_size, self.device, tokens=tokens))
+        and writing only the pool's sink (tables, slots: 0). With
+        `new_cache` (a model with recurrent state; gives an empty cache):
+        a first chunk of two pages, then continuing chunks of two pages
+        and of one token in the state it left; the cache is dropped after,
+        so no state slot is written."""
+        if new_cache is None:
+            for tokens in (2 * page_size, 1):
+                self.forward(*sink_step(self.views, bands, page_size, self.device, tokens=tokens))
+            return
+        cache = new_cache()
+        for tokens in (2 * page_size, 2 * page_size, 1):
+            cache = self.forward_state(*sink_step(self.views, bands, page_size, self.device, tokens=tokens),
+                                       bind=lambda c=cache: c)[1]
 
     def stats(self) -> dict:
         """Packed forwards run compiled and eagerly, the forwards that

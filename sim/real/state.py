@@ -90,6 +90,12 @@ class ShortConvGeometry:
         return None  # no recurrent (SSM) state
 
 
+def is_recurrent(module) -> bool:
+    """Whether `module` is a recurrent layer `recurrent_layers` binds: a
+    Mamba-2 mixer or a short-conv layer (by their fields)."""
+    return any(all(hasattr(module, f) for f in fields) for fields in (_MIXER_FIELDS, _SHORT_CONV_FIELDS))
+
+
 def mamba2_layers(model) -> tuple[Mamba2Geometry, ...]:
     """The Mamba-2 mixers of a transformers model, in layer order.
 

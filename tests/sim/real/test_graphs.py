@@ -309,5 +309,7 @@ def test_a_model_without_decoder_layers_is_recorded_and_runs_uncompiled():
     stats = graphs.stats()
     assert stats["compiled"] == [] and stats["compile_s"] == {}
     assert stats["compile_failures"] == {n: "ValueError: CompiledLayers: Linear has no decoder layers with a "
-                                            "self_attn module (get_decoder().layers[i].self_attn.layer_idx)"
+                                            "self_attn module (get_decoder().layers[i].self_attn.layer_idx), nor "
+                                            "a hybrid's blocks (an attention, recurrent or MLP / MoE mixer each: "
+                                            "sim.real.hybrid)"
                                          for n in (1, 2)}

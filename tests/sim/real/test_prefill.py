@@ -177,7 +177,9 @@ def test_the_warm_up_compiles_the_usual_shapes_and_writes_only_the_sink(gemma):
 def test_a_model_without_decoder_layers_is_recorded_and_runs_eagerly():
     prefill = CompiledPrefill(torch.nn.Linear(2, 2), None, device="cpu")
     assert prefill.stats()["failure"] == ("ValueError: CompiledLayers: Linear has no decoder layers with a "
-                                          "self_attn module (get_decoder().layers[i].self_attn.layer_idx)")
+                                          "self_attn module (get_decoder().layers[i].self_attn.layer_idx), nor a "
+                                          "hybrid's blocks (an attention, recurrent or MLP / MoE mixer each: "
+                                          "sim.real.hybrid)")
 
 
 def test_bad_arguments_are_refused():
