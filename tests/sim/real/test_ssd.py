@@ -87,7 +87,7 @@ def test_a_compiled_caller_traces_the_scan_as_one_opaque_operator():
     b, t, h, p, g, n, cs = CASES[3]
     gen = torch.Generator().manual_seed(7)
     x, dt = torch.randn(b, t, h, p, generator=gen), torch.randn(b, t, h, generator=gen)
-    A, D, bias = -torch.rand(h, generator=gen) * 2, torch.randn(h, generator=gen), torch.randn(h, generator=gen)
+    A, bias = -torch.rand(h, generator=gen) * 2, torch.randn(h, generator=gen)
     B, C = torch.randn(b, t, g, n, generator=gen), torch.randn(b, t, g, n, generator=gen)
     init = torch.randn(b, h, p, n, generator=gen)
 
