@@ -61,8 +61,9 @@ def test_a_hybrid_replay_with_compiled_prefill_chunks_gives_transformers_tokens(
     # graphs, whatever the chunk sizes: the attention and MLP blocks one each for many tokens and for one;
     # the Mamba-2 block a first chunk and a continuing one, each for one scan chunk or more, of a multiple of
     # the scan's chunk_size or not (the scan branches on both: ssd.chunk_scan, reshape_into_chunks), and a
-    # continuing chunk of one token (transformers' one-token path)
-    assert 5 <= s["prefill_graphs"] <= (9 if chunk_size == 64 else 2 + 2 + 2 * 4 + 1 + 1), s["prefill_graphs"]
+    # continuing chunk of one token (transformers' one-token path); 9 at chunk_size 64 with torch 2.13 /
+    # transformers 5.24 here, 11 with torch 2.11 / transformers 5.17 on the H200 (session_2026-12-02i)
+    assert 5 <= s["prefill_graphs"] <= 2 + 2 + 2 * 4 + 1 + 1, s["prefill_graphs"]
     assert s["prefill_compiles"] * 3 < s["prefill_compiled_steps"]
     want = references(ex.model, ex, res.requests)
     for rid in want:
