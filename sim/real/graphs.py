@@ -212,27 +212,39 @@ class CompiledLayers:
         `batch` > 1: the inputs' dimension `dim` is marked dynamic where
         it has size `batch` (decode: 0, the requests of `[B, 1, ...]`;
         a packed step: 1, the tokens of `[1, T, ...]`)."""
+        recurrent = [rec for rec in self.recurrent if rec is not None]
+        own = [rec.layer_idx for rec in recurrent]
         try:
             for layer, attn, rec in zip(self.layers, self.attention, self.recurrent):
                 if attn is not None:
                     i = attn.layer_idx
                     attn.unikv_cache = (views.k(i), views.v(i), views.band(i))
-                layer.forward = types.MethodType(self._forward(type(layer), batch, dim, rec, attn), layer)
+                index = rec.layer_idx if rec is not None else None
+                layer.forward = types.MethodType(self._forward(type(layer), batch, dim, rec, attn, index), layer)
+            # One index for every recurrent module inside the block: an integer attribute of a module is a
+            # constant of dynamo's graphs, and transformers 5.17's Mamba-2 mixer indexes the cache with it
+            # (`cache_params.layers[self.layer_idx]`), which made one graph per layer on the H200 (past the
+            # recompile limit). Its `LayerCache` answers every index with the layer's own state.
+            for rec in recurrent:
+                rec.layer_idx = own[0]
             yield
         finally:  # the model as it was: no reference to this pool's views is kept
+            for rec, index in zip(recurrent, own):
+                rec.layer_idx = index
             for layer, attn in zip(self.layers, self.attention):
                 layer.__dict__.pop("forward", None)
                 if attn is not None:
                     attn.__dict__.pop("unikv_cache", None)
 
-    def _forward(self, cls: type, batch: int, dim: int, recurrent: Any = None, attention: Any = None) -> Callable:
+    def _forward(self, cls: type, batch: int, dim: int, recurrent: Any = None, attention: Any = None,
+                 index: int | None = None) -> Callable:
         import torch
         from unikv.sim.real.hybrid import layer_kwargs
 
         compiled = self.compiled[cls]
 
         def forward(layer, *args, **kwargs):
-            kwargs = layer_kwargs(kwargs, recurrent, attention)
+            kwargs = layer_kwargs(kwargs, recurrent, attention, index)
             if batch > 1:  # hidden states, positions, rotary tables: `batch` long in `dim`
                 for t in _tensors(args, kwargs):
                     if t.dim() > dim and t.shape[dim] == batch:

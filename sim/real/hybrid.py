@@ -115,14 +115,16 @@ class LayerCache:
         return self.layer.update_recurrent_state(recurrent_states, state_idx, **kwargs)
 
 
-def layer_kwargs(kwargs: dict, recurrent: Any, attention: Any) -> dict:
+def layer_kwargs(kwargs: dict, recurrent: Any, attention: Any, index: int | None = None) -> dict:
     """A layer's keywords for its compiled forward. The cache is replaced
     by the layer's `LayerCache` (a recurrent layer) or dropped (an
     attention layer keeps its K / V in the pool; an MLP / MoE block reads
     none); the step's `unikv_step` reaches only an attention layer
     (transformers hands a mixer's keywords on to its conv and scan
     kernels). An attention-only model's keywords (no cache, every layer an
-    attention) are returned as they are."""
+    attention) are returned as they are. `index`: the recurrent layer's
+    own index in the cache (default its `layer_idx`; `CompiledLayers.
+    active` gives every recurrent module one index inside its block)."""
     name = next((n for n in CACHE_KWARGS if kwargs.get(n) is not None), None)
     if name is None and (attention is not None or "unikv_step" not in kwargs):
         return kwargs
@@ -132,5 +134,6 @@ def layer_kwargs(kwargs: dict, recurrent: Any, attention: Any) -> dict:
     if name is not None:
         cache = out.pop(name)
         if recurrent is not None:
-            out[name] = LayerCache(cache.layers[recurrent.layer_idx], len(cache.layers))
+            own = recurrent.layer_idx if index is None else index
+            out[name] = LayerCache(cache.layers[own], len(cache.layers))
     return out

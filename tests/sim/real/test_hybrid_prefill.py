@@ -116,3 +116,44 @@ def test_layer_kwargs_leave_an_attention_only_forward_as_it_was():
 def test_compiled_layers_refuse_a_model_without_attention_or_blocks():
     with pytest.raises(ValueError, match="nor a hybrid's blocks"):
         CompiledLayers(torch.nn.Linear(2, 2), backend="aot_eager", mode=None)
+
+
+def test_recurrent_layers_share_their_graphs_when_the_mixer_indexes_the_cache_by_its_layer(
+        tmp_path, monkeypatch, one_thread):
+    """transformers 5.17's Mamba-2 mixer reads `cache_params.layers[self.
+    layer_idx]`: an integer attribute of a module is a constant of dynamo's
+    graphs, so that read made one graph per Mamba-2 layer on the H200 (past
+    the recompile limit). `CompiledLayers.active` gives every recurrent
+    module one index inside its block (each `LayerCache` still holds its
+    own layer's state): with the read added to this transformers' mixer the
+    graphs are as many as without it, and the tokens transformers'."""
+    from transformers.models.nemotron_h import modeling_nemotron_h as module
+
+    from tests.sim.real import test_hybrid_replay
+
+    mixer = module.NemotronHMamba2Mixer
+    forward = mixer.forward
+    indices: set[int] = set()
+
+    def reading(self, hidden_states, *args, **kwargs):
+        cache = kwargs.get("cache", kwargs.get("cache_params"))
+        if cache is not None:
+            cache.layers[self.layer_idx]  # 5.17's read (modeling_nemotron_h.py, NemotronHMamba2Mixer.forward)
+            if torch.compiler.is_compiling():
+                indices.add(self.layer_idx)
+        return forward(self, hidden_states, *args, **kwargs)
+
+    monkeypatch.setattr(mixer, "forward", reading)
+    monkeypatch.setitem(test_hybrid_replay.TRIM, "hybrid_override_pattern", "M*MMM-")  # four Mamba-2 layers
+    monkeypatch.setitem(test_hybrid_replay.TRIM, "num_hidden_layers", 6)
+    monkeypatch.setitem(BUDGETS, "nemotron_h", 2 * BUDGETS["nemotron_h"])  # twice the state a request
+    torch._dynamo.reset()
+    res, ex, _, continued = compiled_replay(tmp_path, monkeypatch)
+    s = res.summary
+    assert continued and s["prefill_compile_failure"] is None and s["prefill_eager_steps"] == 0
+    assert len(indices) == 1, indices  # one index inside the compiled blocks
+    assert 5 <= s["prefill_graphs"] <= 9, s["prefill_graphs"]  # as with two Mamba-2 layers (cpu-64 above)
+    assert {m.layer_idx for m in ex.model.modules() if isinstance(m, mixer)} == {0, 2, 3, 4}  # restored
+    want = references(ex.model, ex, res.requests)
+    for rid in want:
+        assert ex.generated[rid] == want[rid], f"request {rid}"
