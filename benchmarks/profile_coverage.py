@@ -58,12 +58,14 @@ class Coverage:
             why the real executor cannot run it ("" when it can).
         profiled: the profile file of (model, gpu) is bundled.
         eager: a model with recurrent state: the real executor runs its
-            prefill chunks eagerly, one forward each, on transformers'
-            reference Mamba-2 code (the H200 image has no mamba_ssm or
-            causal_conv1d), and its decode through the decode graphs with
-            the state gathered and scattered inside them (captured on the
-            H200 at 0d9306f); its profile, measured or not, is not bundled
-            (issue 17: forwards as serving engines run them).
+            prefill chunks one forward each, through compiled blocks and
+            unikv's Triton SSD scan (no CUDA graphs: padding a Mamba-2
+            chunk would advance its state), and its decode through the
+            decode graphs with the state gathered and scattered inside
+            them. Nemotron-3-Nano's profile at 2efa8c2: its small chunks
+            host-bound (42-61 ms for 128-1,024 tokens), held-out prefill
+            median 12.7 %, p90 20.7 %; measured, not bundled (issue 17:
+            forwards as serving engines run them).
     """
 
     model: str
@@ -82,8 +84,8 @@ class Coverage:
         yet" when none did): the table's other columns say why."""
         if self.refusal() is None:
             if self.eager:
-                return ("recurrent state: its prefill runs transformers' reference Mamba-2 code (no mamba_ssm "
-                        "kernels on the GPU machine), far slower than an engine's: not bundled")
+                return ("recurrent state: its compiled prefill chunks are host-bound (2-4x an engine's below 2k "
+                        "tokens, no CUDA graphs for a Mamba-2 chunk) and miss the held-out targets: not bundled")
             return "profilable, not measured yet"
         return ("no config.json" if self.config is None else "not buildable" if self.build_error
                 else "executor" if self.executor_error else "does not fit")

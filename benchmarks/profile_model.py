@@ -26,10 +26,11 @@ of `--reps` timed forwards (CUDA events) after WARMUPS untimed ones:
   (`sim.real.graphs.capture_hazard`: transformers' eager MoE loop)
   decodes eagerly, as the executor then does, and the method says why.
   The profile says `"step_forwards": "per_chunk"` (`sim.profile`). Its
-  grids are STATE_FIT / STATE_HELDOUT: its eager prefill runs
-  transformers' reference Mamba-2 path (no mamba_ssm kernels on the GPU
-  machine) at about 0.35 ms a token, so the chunk axes stop at 4,096 and
-  the mixed and cached axes are coarser, to keep a run near 200 s;
+  grids are STATE_FIT / STATE_HELDOUT: its first profiles ran
+  transformers' reference Mamba-2 scan at about 0.35 ms a token, so the
+  chunk axes stop at 4,096 and the mixed and cached axes are coarser, to
+  keep a run near 200 s (with unikv's SSD kernels and --compiled the run
+  took 202 s at 2efa8c2, most of it the decode grid and compiles);
 - non-forward time: the real executor's own step time outside its forward
   (batch build, flush and moves, reading the sampled tokens back),
   measured on a replay of a calibration slice no validation cell replays

@@ -44,7 +44,7 @@ def test_a_model_the_executor_runs_eagerly_is_profilable_but_not_bundled(bench):
     coverage, _ = bench
     nemotron, gemma = coverage.check("nemotron-3-nano-30b-a3b", "h200"), coverage.check("gemma-3-12b", "h200")
     assert nemotron.eager and not nemotron.profiled and nemotron.refusal() is None
-    assert nemotron.short_refusal().startswith("recurrent state: its prefill runs transformers' reference Mamba-2")
+    assert nemotron.short_refusal().startswith("recurrent state: its compiled prefill chunks are host-bound")
     assert not gemma.eager and gemma.profiled
 
 
