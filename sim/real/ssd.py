@@ -40,7 +40,9 @@ def chunk_scan(hidden_states, dt, A, B, C, chunk_size: int, D=None, dt_bias=None
                return_final_states: bool = False, **kwargs: Any):
     """transformers' `mamba2_chunk_scan` (same arguments, same result up to
     fp32 rounding) through `unikv.kernels.ssd.chunk_scan`: its Triton
-    kernels on CUDA (as engines scan), its einsum reference elsewhere.
+    kernels on CUDA (as engines scan), its einsum reference elsewhere
+    (also under Triton's interpreter, which tests/kernels uses for the
+    kernels themselves: interpreted, a model's scan would take minutes).
     Inside a `torch.compile` trace it is the opaque operator
     `unikv::ssd_chunk_scan` (`unikv.kernels.ssd.scan_op`, registered by
     `kernel_chunk_scan` before any trace).
@@ -61,8 +63,9 @@ def chunk_scan(hidden_states, dt, A, B, C, chunk_size: int, D=None, dt_bias=None
                                                     int(chunk_size), bool(dt_softplus), float(dt_limit[0]),
                                                     float(dt_limit[1]))
     else:
+        kernels = None if hidden_states.is_cuda else False  # never the interpreter for a model's scan
         out, final = ssd.chunk_scan(hidden_states, dt, A, B, C, int(chunk_size), D, dt_bias, initial_states,
-                                    bool(dt_softplus), tuple(dt_limit))
+                                    bool(dt_softplus), tuple(dt_limit), triton=kernels)
     return (out, final) if return_final_states else out
 
 

@@ -41,7 +41,6 @@ def compiled_replay(tmp_path, monkeypatch, name="nemotron_h", backend="aot_eager
 
 @pytest.mark.parametrize("chunk_size,device,backend", [
     pytest.param(64, "cpu", "aot_eager", id="cpu-64"),
-    pytest.param(8, "cpu", "aot_eager", id="cpu-8", marks=pytest.mark.slow),  # 8: scans of 1 and 2 chunks
     pytest.param(8, "cuda", "inductor", id="cuda-8", marks=[CUDA, pytest.mark.gpu])])
 def test_a_hybrid_replay_with_compiled_prefill_chunks_gives_transformers_tokens(tmp_path, monkeypatch, one_thread,
                                                                                chunk_size, device, backend):

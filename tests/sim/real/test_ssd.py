@@ -110,3 +110,27 @@ def test_a_compiled_caller_traces_the_scan_as_one_opaque_operator():
     assert sum("ssd_chunk_scan" in t for t in targets) == 1, targets
     torch.testing.assert_close(got[0], want[0])
     torch.testing.assert_close(got[1], want[1])
+
+
+def test_cpu_tensors_scan_through_the_reference_even_under_tritons_interpreter(monkeypatch):
+    """The kernels run on CUDA only: under the interpreter (which the
+    kernel tests turn on for the whole session) a model's scan on the CPU
+    would take minutes, so CPU tensors always take the reference, eagerly
+    and through the operator."""
+    pytest.importorskip("triton")
+    from unikv.kernels import ssd as ssd_kernels
+    from unikv.kernels.ssd import kernel, scan_op
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the Triton kernels ran on CPU tensors")
+
+    monkeypatch.setattr(kernel, "chunk_scan", refuse)
+    monkeypatch.setattr(ssd_kernels, "runs_triton", lambda *a: True)  # as under the interpreter
+    b, t, h, p, g, n, cs = CASES[0]
+    gen = torch.Generator().manual_seed(3)
+    x, dt = torch.randn(b, t, h, p, generator=gen), torch.randn(b, t, h, generator=gen)
+    A, B, C = -torch.rand(h, generator=gen), torch.randn(b, t, g, n, generator=gen), torch.randn(b, t, g, n,
+                                                                                                    generator=gen)
+    out = ssd.chunk_scan(x, dt, A, B, C, chunk_size=cs)
+    y, _ = scan_op()(x, dt, A, B, C, None, None, None, cs, False, 0.0, float("inf"))
+    assert out.shape == y.shape == x.shape and torch.equal(out, y)

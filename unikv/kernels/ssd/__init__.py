@@ -113,14 +113,17 @@ def chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tens
 def scan_op():
     """`torch.ops.unikv.ssd_chunk_scan`, registered on the first call:
     (x, dt, A, B, C, D?, dt_bias?, initial_states?, chunk_size, dt_softplus,
-    lo, hi) -> (y, final), `chunk_scan` with triton=None, both contiguous
-    (a compiled caller's views are planned on the fake's strides)."""
+    lo, hi) -> (y, final), `chunk_scan` with the kernels on CUDA and the
+    reference elsewhere (not the interpreter: a model's scan), both
+    contiguous (a compiled caller's views are planned on the fake's
+    strides)."""
 
     @torch.library.custom_op(OP, mutates_args=())
     def ssd_chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                        D: torch.Tensor | None, dt_bias: torch.Tensor | None, initial_states: torch.Tensor | None,
                        chunk_size: int, dt_softplus: bool, lo: float, hi: float) -> tuple[torch.Tensor, torch.Tensor]:
-        y, final = chunk_scan(x, dt, A, B, C, chunk_size, D, dt_bias, initial_states, dt_softplus, (lo, hi))
+        y, final = chunk_scan(x, dt, A, B, C, chunk_size, D, dt_bias, initial_states, dt_softplus, (lo, hi),
+                              triton=None if x.is_cuda else False)
         return y.contiguous(), final.contiguous()  # the strides the fake implementation promises
 
     @ssd_chunk_scan.register_fake
