@@ -541,12 +541,12 @@ COMPILED_METHOD = ("real executor forwards: decode through CUDA graphs per bucke
                    "warm-up, CUDA events")
 STATE_METHOD = ("real executor forwards as it runs a model with recurrent state: each prefill chunk alone (packed "
                 "eager, its state gathered from its pool slot before and scattered back after: StateBinder; a "
-                "Mamba-2 mixer's chunked scan as einsum contractions, sim.real.ssd), the "
+                "Mamba-2 mixer's chunked scan through unikv's Triton SSD kernels, sim.real.ssd), the "
                 "decoders as one [B, 1] step through the bucket's CUDA graph (DecodeGraphs with the StateBinder: "
                 "the gather from the requests' pool slots and the scatter back captured inside it), inside the timed "
                 "span; median of reps after a warm-up, CUDA events")
 STATE_EAGER_METHOD = ("real executor forwards as it runs a model with recurrent state: each prefill chunk alone "
-                      "(packed eager; a Mamba-2 mixer's chunked scan as einsum contractions, sim.real.ssd), the "
+                      "(packed eager; a Mamba-2 mixer's chunked scan through unikv's Triton SSD kernels, sim.real.ssd), the "
                       "decoders as one eager [B, 1] forward ({why}), each forward's state "
                       "gathered from the requests' pool slots before it and scattered back after (StateBinder), "
                       "inside the timed span; median of reps after a warm-up, CUDA events")

@@ -95,8 +95,8 @@ class RealExecutor:
         self.fused: dict | None = None  # what `fuse_projections` fused (build_real_executor), if it ran
         self.state_band = state_band
         self.cache_kwarg = cache_kwarg(model) if binder is not None else ""
-        # a Mamba-2 mixer's prefill chunk scans as einsum contractions (sim.real.ssd), not transformers'
-        # broadcast products (5.17: 2-17 GB per layer at 4,096 tokens)
+        # a Mamba-2 mixer's prefill chunk scans through sim.real.ssd (Triton SSD kernels on CUDA), not
+        # transformers' broadcast products (5.17: 2-17 GB per layer at 4,096 tokens)
         self.scan = scan_for(model) if binder is not None else contextlib.nullcontext
         self.rows = BlockRows(memory.pool, self.bands, device)  # requests' virtual pages, kept on the device
         self.generated: dict[int, list[int]] = {}  # rid -> the model's tokens, in order
@@ -212,9 +212,7 @@ class RealExecutor:
             out = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids,
                              logits_to_keep=keep, **kwargs)
             if cache is not None:
-                start = self._mark()
-                self.binder.after(cache, slots)
-                self._bind_marks.append((start, self._mark()))
+                self._unbind(cache, slots)
         # packed: logits [1, S, V] at the sampled rows; padded: [B, 1, V], every row samples
         logits = out.logits[0] if batch.layout == "packed" else out.logits[:, -1]
         return logits.argmax(-1)
@@ -226,6 +224,12 @@ class RealExecutor:
         self._bind_marks.append((start, self._mark()))
         return cache
 
+    def _unbind(self, cache, slots) -> None:
+        """The state `cache` holds back into `slots` (`StateBinder.after`), timed."""
+        start = self._mark()
+        self.binder.after(cache, slots)
+        self._bind_marks.append((start, self._mark()))
+
     def _prefill_state(self, ctx, batch: StepBatch, keep, slots, fresh: bool) -> Any:
         """One request's prefill chunk through the compiled prefill with
         the binder's cache (`CompiledPrefill.forward_state`: a failed
@@ -236,9 +240,7 @@ class RealExecutor:
         out, cache = self.prefill.forward_state(ctx, batch.input_ids, batch.position_ids, keep,
                                                 bind=lambda: self._bind(slots, fresh))
         with torch.inference_mode():
-            start = self._mark()
-            self.binder.after(cache, slots)
-            self._bind_marks.append((start, self._mark()))
+            self._unbind(cache, slots)
         return out.logits[0].argmax(-1)
 
     def _state_slots(self, batch: StepBatch) -> Any:

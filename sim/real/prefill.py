@@ -107,7 +107,7 @@ class CompiledPrefill:
             input_ids, position_ids: `[1, T]` int64.
             logits_to_keep: the rows whose logits are kept (transformers').
         """
-        return self._run(ctx, input_ids, position_ids, logits_to_keep, {})
+        return self._run(ctx, input_ids, position_ids, logits_to_keep, lambda: None)[0]
 
     def forward_state(self, ctx, input_ids, position_ids, logits_to_keep, bind: Callable[[], Any]) -> tuple:
         """One request's prefill chunk of a model with recurrent state:
@@ -121,10 +121,16 @@ class CompiledPrefill:
         Returns:
             (the output, the cache the forward that ran updated).
         """
+        return self._run(ctx, input_ids, position_ids, logits_to_keep, bind)
+
+    def _run(self, ctx, input_ids, position_ids, keep, bind: Callable[[], Any]) -> tuple:
+        """(the output, the cache `bind` gave it): compiled, or eager once a
+        compiled forward has failed; the eager re-run of a failed one gets
+        a new cache from `bind` (None: the forward passes none)."""
         cache = bind()
         if self._layers is not None and self.failure is None:
             try:
-                out = self._compiled(ctx, input_ids, position_ids, logits_to_keep, self._with(cache))
+                out = self._compiled(ctx, input_ids, position_ids, keep, self._with(cache))
             except Exception as exc:  # any compiler error: this step and the later ones eagerly, recorded
                 self.failure = compile_error(exc)
                 cache = bind()
@@ -132,33 +138,20 @@ class CompiledPrefill:
                 self.compiled_steps += 1
                 return out, cache
         self.eager_steps += 1
-        return self._eager(ctx, input_ids, position_ids, logits_to_keep, self._with(cache)), cache
+        return self._eager(ctx, input_ids, position_ids, keep, self._with(cache)), cache
 
     def _with(self, cache) -> dict:
-        """The forward's keywords that pass `cache`."""
-        return {"use_cache": True, self._cache_kwarg: cache}
+        """The forward's keywords that pass `cache` (None: no cache)."""
+        return {"use_cache": False} if cache is None else {"use_cache": True, self._cache_kwarg: cache}
 
-    def _run(self, ctx, input_ids, position_ids, keep, extra: dict) -> Any:
-        if self._layers is not None and self.failure is None:
-            try:
-                out = self._compiled(ctx, input_ids, position_ids, keep, extra)
-            except Exception as exc:  # any compiler error: this step and the later ones eagerly, recorded
-                self.failure = compile_error(exc)
-            else:
-                self.compiled_steps += 1
-                return out
-        self.eager_steps += 1
-        return self._eager(ctx, input_ids, position_ids, keep, extra)
-
-    def _eager(self, ctx, input_ids, position_ids, keep, extra: dict) -> Any:
+    def _eager(self, ctx, input_ids, position_ids, keep, kwargs: dict) -> Any:
         import torch
         from unikv.sim.real.attention import use_step
 
-        kwargs = extra or {"use_cache": False}
         with torch.inference_mode(), use_step(ctx), self._scan():
             return self.model(input_ids=input_ids, position_ids=position_ids, logits_to_keep=keep, **kwargs)
 
-    def _compiled(self, ctx, input_ids, position_ids, keep, extra: dict) -> Any:
+    def _compiled(self, ctx, input_ids, position_ids, keep, kwargs: dict) -> Any:
         """The forward through the compiled layers; a forward that compiles
         a new graph is counted and timed (`compiles`, `graphs`, `compile_s`)."""
         import torch
@@ -168,7 +161,6 @@ class CompiledPrefill:
         tokens = int(input_ids.shape[1])
         mark_step_dynamic(ctx)
         ctx = dataclasses.replace(ctx, opaque=True)
-        kwargs = extra or {"use_cache": False}
         before = counters["stats"]["unique_graphs"]
         t0 = time.perf_counter()
         # inference mode always: the graphs were compiled under it (another grad mode would recompile)

@@ -39,10 +39,9 @@ def chunk_scan(hidden_states, dt, A, B, C, chunk_size: int, D=None, dt_bias=None
                dt_softplus: bool = False, dt_limit: tuple[float, float] = (0.0, float("inf")),
                return_final_states: bool = False, **kwargs: Any):
     """transformers' `mamba2_chunk_scan` (same arguments, same result up to
-    fp32 rounding) through `unikv.kernels.ssd.chunk_scan`: its Triton
+    fp32 rounding) through `unikv.kernels.ssd.model_scan`: its Triton
     kernels on CUDA (as engines scan), its einsum reference elsewhere
-    (also under Triton's interpreter, which tests/kernels uses for the
-    kernels themselves: interpreted, a model's scan would take minutes).
+    (also under Triton's interpreter).
     Inside a `torch.compile` trace it is the opaque operator
     `unikv::ssd_chunk_scan` (`unikv.kernels.ssd.scan_op`, registered by
     `kernel_chunk_scan` before any trace).
@@ -63,9 +62,8 @@ def chunk_scan(hidden_states, dt, A, B, C, chunk_size: int, D=None, dt_bias=None
                                                     int(chunk_size), bool(dt_softplus), float(dt_limit[0]),
                                                     float(dt_limit[1]))
     else:
-        kernels = None if hidden_states.is_cuda else False  # never the interpreter for a model's scan
-        out, final = ssd.chunk_scan(hidden_states, dt, A, B, C, int(chunk_size), D, dt_bias, initial_states,
-                                    bool(dt_softplus), tuple(dt_limit), triton=kernels)
+        out, final = ssd.model_scan(hidden_states, dt, A, B, C, int(chunk_size), D, dt_bias, initial_states,
+                                    bool(dt_softplus), tuple(dt_limit))
     return (out, final) if return_final_states else out
 
 

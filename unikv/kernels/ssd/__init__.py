@@ -5,7 +5,8 @@ kernels, the way serving engines scan; imports Triton). `chunk_scan`
 checks its arguments (metadata only) and runs the kernels on CUDA tensors
 or under Triton's interpreter, the reference otherwise.
 
-`scan_op()` registers the scan as the torch operator `unikv::ssd_chunk_scan`
+`model_scan` is the scan a model's forward runs (the kernels on CUDA, the
+reference elsewhere). `scan_op()` registers it as the torch operator `unikv::ssd_chunk_scan`
 (`torch.library.custom_op`, a fake implementation for its output shapes),
 so `torch.compile` traces a caller through one opaque call; the operator
 runs `chunk_scan`. Registration happens on the first call (no import-time
@@ -109,21 +110,30 @@ def chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tens
                                 (float(dt_limit[0]), float(dt_limit[1])))
 
 
+def model_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+               chunk_size: int, D: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None,
+               initial_states: torch.Tensor | None = None, dt_softplus: bool = False,
+               dt_limit: tuple[float, float] = (0.0, float("inf"))) -> tuple[torch.Tensor, torch.Tensor]:
+    """`chunk_scan` as a model's forward runs it: the kernels on CUDA (where
+    they take the inputs), the reference on other devices, never Triton's
+    interpreter (which the kernel tests turn on for a whole session:
+    interpreted, a model's scan would take minutes)."""
+    return chunk_scan(x, dt, A, B, C, chunk_size, D, dt_bias, initial_states, dt_softplus, dt_limit,
+                      triton=None if x.is_cuda else False)
+
+
 @functools.cache
 def scan_op():
     """`torch.ops.unikv.ssd_chunk_scan`, registered on the first call:
     (x, dt, A, B, C, D?, dt_bias?, initial_states?, chunk_size, dt_softplus,
-    lo, hi) -> (y, final), `chunk_scan` with the kernels on CUDA and the
-    reference elsewhere (not the interpreter: a model's scan), both
-    contiguous (a compiled caller's views are planned on the fake's
-    strides)."""
+    lo, hi) -> (y, final), `model_scan`, both contiguous (a compiled
+    caller's views are planned on the fake's strides)."""
 
     @torch.library.custom_op(OP, mutates_args=())
     def ssd_chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                        D: torch.Tensor | None, dt_bias: torch.Tensor | None, initial_states: torch.Tensor | None,
                        chunk_size: int, dt_softplus: bool, lo: float, hi: float) -> tuple[torch.Tensor, torch.Tensor]:
-        y, final = chunk_scan(x, dt, A, B, C, chunk_size, D, dt_bias, initial_states, dt_softplus, (lo, hi),
-                              triton=None if x.is_cuda else False)
+        y, final = model_scan(x, dt, A, B, C, chunk_size, D, dt_bias, initial_states, dt_softplus, (lo, hi))
         return y.contiguous(), final.contiguous()  # the strides the fake implementation promises
 
     @ssd_chunk_scan.register_fake
