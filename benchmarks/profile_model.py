@@ -285,11 +285,24 @@ def _graph_times(lm, pool, views, rows, ids, ctx, input_ids, position_ids, keep,
     Raises:
         RuntimeError: on CUDA, a bucket not captured, or not compiled with
             `compiled` (it would time another path)."""
+    from unikv.sim.real.packed_graphs import PackedGraphs
+    from unikv.sim.real.prefill import CompiledPrefill
+
+    dev = brd.DEVICE
+    batch = _packed_batch(pool, views, rows, ids, ctx, input_ids, position_ids, keep)
+    packed = PackedGraphs(lm, views, views.bands, device=dev, max_pages=_max_pages(lm, rows),
+                          max_requests=len(rows), prefill=CompiledPrefill(lm, views, device=dev) if compiled else None)
+    times = timed(lambda: packed.run(batch), reps)
+    _check_packed(packed, compiled, what)
+    return times
+
+
+def _packed_batch(pool, views, rows, ids, ctx, input_ids, position_ids, keep):
+    """The packed step as the executor's batch carries it (`StepBatch`:
+    virtual page rows and write ids, the device tables committed)."""
     import numpy as np
     import torch
     from unikv.sim.real.batch import StepBatch, device_tables
-    from unikv.sim.real.packed_graphs import PackedGraphs
-    from unikv.sim.real.prefill import CompiledPrefill
 
     dev = brd.DEVICE
     pool.commit()  # the device tables the graph reads
@@ -298,21 +311,26 @@ def _graph_times(lm, pool, views, rows, ids, ctx, input_ids, position_ids, keep,
     for i, r in enumerate(rows):
         page_rows[i, :len(r)] = torch.as_tensor(np.asarray(r, dtype=np.int64))
     tables = {b: torch.as_tensor(pool.page_table(b)) for b in views.bands}
-    batch = StepBatch(layout="packed", input_ids=input_ids, position_ids=position_ids, cu_q=ctx.cu_q,
-                      seq_lens=ctx.seq_lens, sample_rows=keep, samplers=(), requests=(None,) * len(rows),
-                      **device_tables(page_rows.to(dev), torch.as_tensor(ids, device=dev).long(), tables, PS))
-    max_pages = max(-(-int(lm.config.max_position_embeddings) // PS) + 1, width)  # the executor's
-    packed = PackedGraphs(lm, views, views.bands, device=dev, max_pages=max_pages, max_requests=len(rows),
-                          prefill=CompiledPrefill(lm, views, device=dev) if compiled else None)
-    times = timed(lambda: packed.run(batch), reps)
+    return StepBatch(layout="packed", input_ids=input_ids, position_ids=position_ids, cu_q=ctx.cu_q,
+                     seq_lens=ctx.seq_lens, sample_rows=keep, samplers=(), requests=(None,) * len(rows),
+                     **device_tables(page_rows.to(dev), torch.as_tensor(ids, device=dev).long(), tables, PS))
+
+
+def _max_pages(lm, rows) -> int:
+    """The packed buckets' table width, as the executor's (`sim.real.executor._max_pages`)."""
+    return max(-(-int(lm.config.max_position_embeddings) // PS) + 1, max(len(r) for r in rows))
+
+
+def _check_packed(packed, compiled: bool, what: str) -> None:
+    """On CUDA, refuse a point whose bucket was not captured, or not
+    compiled with `compiled`: it would time another path."""
     stats = packed.stats()
-    if dev == "cuda" and (not stats["captured"] or (compiled and not stats["compiled"])):
+    if brd.DEVICE == "cuda" and (not stats["captured"] or (compiled and not stats["compiled"])):
         raise RuntimeError(f"{what}: not captured{' compiled' if compiled else ''} ({stats})")
-    return times
 
 
 def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, context: int, reps: int,
-                graphs: bool = True, run=None, compiled: bool = False) -> list[float]:
+                graphs: bool = True, run=None, compiled: bool = False, packed_graphs: bool = False) -> list[float]:
     """Seconds of each of `reps` steps of a model with recurrent state, run
     as the real executor runs them (`RealExecutor.launch` / `_forward`): a
     chunk of `chunk` tokens over `cached` cached tokens alone (0: none),
@@ -325,11 +343,17 @@ def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, contex
     (None: `timed`; benchmarks/profile_state_prefill.py profiles it).
     `compiled`: the chunk through the compiled blocks with the binder's
     cache (`CompiledPrefill.forward_state`, as the executor runs it with
-    --compile-prefill; the first WARMUPS step compiles).
+    --compile-prefill; the first WARMUPS step compiles). `packed_graphs`:
+    a chunk of up to the largest bucket runs as the executor's
+    `--prefill-graphs` runs it: padded to its token bucket, the state's
+    gather, the padded Mamba-2 path (`sim.real.padded_chunk`) and the
+    scatter in the bucket's graph (`PackedGraphs` with the binder;
+    captured on CUDA before the reps), over the compiled blocks with
+    `compiled`.
 
     Raises:
         RuntimeError: with `compiled`, a chunk whose compiled forward failed
-            (it would time the eager one)."""
+            (it would time the eager one); on CUDA, a bucket not captured."""
     import torch
     from unikv.sim.real.graphs import DecodeGraphs
     from unikv.sim.real.ssd import scan_for
@@ -340,13 +364,22 @@ def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, contex
     kwarg = cache_kwarg(lm)  # the executor reads it once (`RealExecutor.cache_kwarg`)
     scan = scan_for(lm)  # as once (`RealExecutor.scan`), outside the timed step
     parts = []
-    prefill = None
+    prefill = packed = padded = None
     if chunk:
-        parts.append(_chunk_forward(pool, views, spec, chunk, cached))
+        from unikv.sim.real.packed_graphs import PACKED_BUCKETS, PackedGraphs
+
+        ctx_of, inputs, states, fresh, rows, ids = _chunk_forward(pool, views, spec, chunk, cached)
         if compiled:
             from unikv.sim.real.prefill import CompiledPrefill
 
             prefill = CompiledPrefill(lm, views, device=brd.DEVICE)
+        if packed_graphs and chunk <= max(PACKED_BUCKETS):  # a larger chunk runs as without, in the executor too
+            padded = (_packed_batch(pool, views, rows, ids, ctx_of(), inputs["input_ids"], inputs["position_ids"],
+                                    inputs["logits_to_keep"]), states, fresh)
+            packed = PackedGraphs(lm, views, views.bands, device=brd.DEVICE, max_pages=_max_pages(lm, rows),
+                                  max_requests=1, prefill=prefill, binder=binder)
+        else:
+            parts.append((ctx_of, inputs, states, fresh))
     decode = graph = None
     if decoders and graphs:
         decode = _decode_batch(pool, views, spec, decoders, context)
@@ -356,6 +389,10 @@ def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, contex
         parts.append(_decode_forward(pool, views, spec, decoders, context))
 
     def step():
+        if padded is not None:
+            batch, states, fresh = padded
+            with torch.inference_mode():
+                packed.run(batch, pool.translate(states, STATE_BAND), fresh)
         for ctx_of, inputs, states, fresh in parts:
             _state_forward(lm, binder, ctx_of(), inputs, pool.translate(states, STATE_BAND), fresh, kwarg, scan,
                            prefill)
@@ -366,6 +403,8 @@ def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, contex
                     raise RuntimeError(f"decode batch {decoders}: no bucket takes it")
 
     times = (run or timed)(step, reps)
+    if packed is not None:
+        _check_packed(packed, compiled, f"prefill {chunk} x {cached}")
     if prefill is not None and prefill.stats()["failure"] is not None:
         raise RuntimeError(f"prefill {chunk} x {cached}: not compiled ({prefill.stats()['failure']})")
     if graph is not None and brd.DEVICE == "cuda" and not graph.stats()["captured"]:
@@ -376,7 +415,8 @@ def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, contex
 def _chunk_forward(pool, views, spec, chunk: int, cached: int):
     """One request's prefill chunk over its `cached` tokens, as
     `_state_forward` takes it: (its step context's maker, the model's
-    inputs, its state slot id, fresh: the chunk starts the request)."""
+    inputs, its state slot id, fresh: the chunk starts the request), then
+    its virtual page row and written ids (`_packed_batch`'s)."""
     import numpy as np
     import torch
     from unikv.sim.real.attention import StepContext
@@ -393,7 +433,7 @@ def _chunk_forward(pool, views, spec, chunk: int, cached: int):
     inputs = dict(input_ids=torch.randint(0, 256, (1, chunk), device=dev),
                   position_ids=torch.arange(cached, cached + chunk, device=dev).view(1, chunk),
                   logits_to_keep=torch.tensor([chunk - 1], device=dev))
-    return (lambda: ctx), inputs, pool.alloc_state(STATE_BAND, 1), cached == 0
+    return (lambda: ctx), inputs, pool.alloc_state(STATE_BAND, 1), cached == 0, [pages], got
 
 
 def _decode_batch(pool, views, spec, decoders: int, context: int):
@@ -462,7 +502,7 @@ def measure(lm, spec, placed, grids, reps: int, mixed_context: int, heldout: boo
                     if placed.recurrent:  # the executor's forwards of a model with state
                         times = state_point(lm, spec, placed, *{"decode": (0, 0, r, c), "prefill": (r, c, 0, 0),
                                                                 "mixed": (r, 0, c, mixed_context)}[grid], reps,
-                                             state_graphs, compiled=compiled)
+                                             state_graphs, compiled=compiled, packed_graphs=graphs)
                     elif grid == "decode":
                         times = decode_point(lm, spec, placed, r, c, reps, compiled)
                     elif grid == "prefill":
@@ -642,9 +682,12 @@ def main(argv=None) -> int:
     placed = layers.model_layers(lm.config, real_model.torch_dtype(dtype))
     state = bool(placed.recurrent)
     if state and args.prefill_graphs:
-        print(f"error: --prefill-graphs: {args.model} keeps recurrent state, whose prefill chunks the real executor "
-              "runs eagerly, one forward each", file=sys.stderr)
-        return 2
+        from unikv.sim.real.padded_chunk import padded_ready
+
+        why = padded_ready(lm)
+        if why is not None:
+            print(f"error: --prefill-graphs: {args.model}: {why}", file=sys.stderr)
+            return 2
     from unikv.sim.real.graphs import capture_hazard
 
     graphs_off = capture_hazard(lm) if brd.DEVICE == "cuda" else None  # the executor's DecodeGraphs refuses it
@@ -673,6 +716,10 @@ def main(argv=None) -> int:
                                         "CompiledPrefill.forward_state, --compiled")
         if args.prefill_graphs:
             method += "; prefill / mixed steps of up to 2,048 tokens through CUDA graphs per token bucket"
+            if state:
+                method += (" (each chunk padded to its bucket, the state's gather, the Mamba-2 mixers' padded path "
+                           "that stops the conv and the scan at the real length (sim.real.padded_chunk) and the "
+                           "scatter captured in the bucket's graph: PackedGraphs with the StateBinder)")
         prov = provenance(command, args.revision, method)
         prov["non_forward_method"] = calibrated["non_forward_method"]
         profile = {"format": "unikv-step-profile", "version": 1, "model": args.model, "gpu": args.gpu,

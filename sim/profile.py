@@ -154,6 +154,9 @@ class StepProfile:
             A step of T prefill and decode tokens, T <= the largest bucket,
             then costs what the grids measured at its bucket's size
             (`padded`): every prefill and mixed point was measured so.
+            With step_forwards "per_chunk" each chunk's own forward is
+            padded (its T is its own tokens); the decoders of a mixed step
+            run apart, through the decode buckets.
         decode_buckets: the batch sizes the measured executor padded a
             decode step up to (`sim.real.graphs.BUCKETS`: its decode CUDA
             graphs), or () where it ran every decode step at its own batch.
@@ -186,9 +189,6 @@ class StepProfile:
     def __post_init__(self) -> None:
         if not self.packed_buckets:
             return
-        if self.step_forwards != "packed":
-            raise ValueError(f"packed_buckets={list(self.packed_buckets)} needs step_forwards 'packed' "
-                             f"(got {self.step_forwards!r}): a per-chunk executor pads no packed step")
         pre = self.prefill
         rows = tuple(float(self.padded(r)) for r in pre.rows)
         if any(b <= a for a, b in zip(rows, rows[1:])):
@@ -198,7 +198,7 @@ class StepProfile:
                                                          filled=pre.filled, linear_cols=pre.linear_cols))
         mixed, per_col = self.mixed, []
         for b in mixed.cols:
-            eff = tuple(float(self.padded(r + b) - b) for r in mixed.rows)
+            eff = tuple(float(self._mixed_chunk(r, b)) for r in mixed.rows)
             if any(y <= x for x, y in zip(eff, eff[1:])):
                 raise ValueError(f"mixed.chunk_tokens={list(mixed.rows)} at batch {b:g}: two rows pad to one "
                                  f"bucket of {list(self.packed_buckets)}, so the grid cannot tell them apart")
@@ -212,6 +212,14 @@ class StepProfile:
         if not buckets or tokens > buckets[-1]:
             return tokens
         return buckets[bisect.bisect_left(buckets, tokens)]
+
+    def _mixed_chunk(self, chunk: float, batch: float) -> float:
+        """The chunk a mixed step's padded forward holds: a packed step pads
+        its chunk and decoders together (`padded(chunk + batch) - batch`), a
+        per-chunk one its chunk alone (`padded(chunk)`)."""
+        if self.step_forwards == "per_chunk":
+            return self.padded(chunk)
+        return self.padded(chunk + batch) - batch
 
     def _prefill_cell(self, chunk: float) -> tuple[Grid, tuple[int, float, bool]]:
         """The prefill grid to read (over its rows' bucket sizes with packed
@@ -230,8 +238,8 @@ class StepProfile:
         then log-log between the two columns around `batch`.
 
         With packed buckets a column is read at the chunk whose step pads to
-        the query's bucket, `padded(chunk + batch) - b`, along its rows' own
-        padded chunks. Below a column's first row the step lies between a
+        the query's bucket, `padded(chunk + batch) - b` (per chunk:
+        `padded(chunk)`), along its rows' own padded chunks. Below a column's first row the step lies between a
         decode step of b requests at the grid's reference context (a chunk of
         0 tokens: the decode grid) and that row, linear in the chunk's tokens
         and the time, as a forward that reads all the weights anyway is;
@@ -240,12 +248,13 @@ class StepProfile:
         if not self.packed_buckets and chunk >= grid.rows[0]:
             return grid(chunk, batch)
         j, v, outside = _cell(grid.cols, grid._log_cols, batch)
-        total = self.padded(chunk + batch)
+        per_chunk = self.step_forwards == "per_chunk"
+        total = self.padded(chunk) if per_chunk else self.padded(chunk + batch)
         log_t = []
         for jj in (j, j + 1):
             b = grid.cols[jj]
             rows, log_rows = self._mixed_rows[jj] if self._mixed_rows else (grid.rows, grid._log_rows)
-            x = total - b if self.packed_buckets else chunk
+            x = (total if per_chunk else total - b) if self.packed_buckets else chunk
             if x < rows[0]:
                 at_0, out_0 = self.decode(b, self.mixed_context_tokens)
                 at_row = math.exp(grid._log_t[0][jj])

@@ -68,7 +68,8 @@ class RealExecutor:
             (`CompiledPrefill.forward_state`).
         packed: a `sim.real.packed_graphs.PackedGraphs` the packed steps
             run through first (None: none); a step it takes no bucket for
-            runs as without it; not with a `binder`.
+            runs as without it; with a `binder`, built with the same one
+            (each prefill chunk alone, padded: `sim.real.padded_chunk`).
         binder: a `sim.real.state.StateBinder` over the pool's state band
             `state_band`, for a model with recurrent layers (None: none).
     """
@@ -76,10 +77,9 @@ class RealExecutor:
     def __init__(self, memory, model, views, tokens: TokenSource, *, bands, device: str = "cpu",
                  cost=None, graphs=None, prefill=None, packed=None, binder=None,
                  state_band: str | None = None) -> None:
-        if packed is not None and binder is not None:
-            raise ValueError("RealExecutor: packed (captured packed steps) with a state binder; a recurrent "
-                             "model's prefill chunks run one forward each (compiled with prefill): expected "
-                             "packed=None")
+        if packed is not None and getattr(packed, "binder", None) is not binder:
+            raise ValueError("RealExecutor: packed (captured packed steps) built with another state binder than "
+                             "binder; expected PackedGraphs(..., binder=binder)")
         self.mem = memory
         self.model = model
         self.views = views
@@ -111,6 +111,7 @@ class RealExecutor:
         self.state_s: list[float] = []  # of the forward, the state gather and scatter of each step (binder)
         self._bind_marks: list[tuple[Any, Any]] = []
         self.graph_off: str | None = None  # why decode_graphs built no graphs (build_real_executor)
+        self.packed_off: str | None = None  # why prefill_graphs built no packed graphs (build_real_executor)
 
     def warm_up(self, max_batch: int) -> None:
         """What an engine does before it serves: one eager forward of a
@@ -160,7 +161,8 @@ class RealExecutor:
                 if batch.layout == "padded" and self.graphs is not None:
                     picks = self.graphs.run(batch, self._state_slots(batch) if self.binder is not None else None)
                 elif batch.layout != "padded" and self.packed is not None:
-                    picks = self.packed.run(batch)
+                    picks = (self.packed.run(batch) if self.binder is None
+                             else self.packed.run(batch, self._state_slots(batch), fresh))
             if picks is None:
                 picks = self._forward(batch, fresh)
             pending.append((batch.samplers, picks))
@@ -470,17 +472,21 @@ def build_real_executor(config, memory, step_cost, kv_read) -> RealExecutor:
         from unikv.sim.real.prefill import CompiledPrefill
 
         prefill = CompiledPrefill(lm, views, device=config.device, backend=COMPILE_BACKEND)
-    packed = None
-    if config.prefill_graphs and binder is None:  # a recurrent model's chunks run one forward each, uncaptured
+    packed = packed_off = None
+    if config.prefill_graphs:  # with a binder: each prefill chunk alone, padded (sim.real.padded_chunk)
         from unikv.sim.real.packed_graphs import PackedGraphs
 
-        packed = PackedGraphs(lm, views, bands, device=config.device, max_pages=_max_pages(lm.config, memory),
-                              max_requests=config.scheduler.max_running, prefill=prefill)
+        try:
+            packed = PackedGraphs(lm, views, bands, device=config.device, max_pages=_max_pages(lm.config, memory),
+                                  max_requests=config.scheduler.max_running, prefill=prefill, binder=binder)
+        except ValueError as exc:  # recurrent layers without a padded path: their chunks run uncaptured
+            packed_off = str(exc)
     executor = RealExecutor(memory, lm, views, tokens, bands=bands, device=config.device, cost=cost, graphs=graphs,
                             prefill=prefill, packed=packed, binder=binder,
                             state_band=memory.state_band if binder is not None else None)
     executor.fused = fused
     executor.graph_off = graph_off
+    executor.packed_off = packed_off
     if executor.cuda and config.real_clock == "measured":  # start-up work an engine does before its clock runs
         executor.warm_up(config.scheduler.max_running)
     return executor
@@ -613,8 +619,8 @@ def packed_graph_summary(executor: RealExecutor) -> dict:
         return {"packed_graph_steps_captured": 0, "packed_graph_steps_uncaptured": 0,
                 "packed_graph_fallbacks": packed, "packed_graph_buckets": [], "packed_graph_captured": [],
                 "packed_graph_capture_failures": {},
-                "packed_graph_off": "recurrent state: each prefill chunk runs as its own forward with the state "
-                                    "binder's cache, uncaptured (compiled with --compile-prefill)"}
+                "packed_graph_off": getattr(executor, "packed_off", None)
+                or "no packed graphs were built: the packed steps ran uncaptured"}
     s = executor.packed.stats()
     out = {"packed_graph_steps_captured": s["steps_captured"], "packed_graph_steps_uncaptured": s["steps_uncaptured"],
            "packed_graph_fallbacks": s["fallbacks"], "packed_graph_buckets": s["buckets"],

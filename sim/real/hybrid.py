@@ -124,7 +124,9 @@ def layer_kwargs(kwargs: dict, recurrent: Any, attention: Any, index: int | None
     kernels). An attention-only model's keywords (no cache, every layer an
     attention) are returned as they are. `index`: the recurrent layer's
     own index in the cache (default its `layer_idx`; `CompiledLayers.
-    active` gives every recurrent module one index inside its block)."""
+    active` gives every recurrent module one index inside its block). A
+    cache carrying a padded chunk's length (`sim.real.padded_chunk.
+    ChunkLength`, as `unikv_chunk`) hands it on to the layer's cache."""
     name = next((n for n in CACHE_KWARGS if kwargs.get(n) is not None), None)
     if name is None and (attention is not None or "unikv_step" not in kwargs):
         return kwargs
@@ -136,4 +138,7 @@ def layer_kwargs(kwargs: dict, recurrent: Any, attention: Any, index: int | None
         if recurrent is not None:
             own = recurrent.layer_idx if index is None else index
             out[name] = LayerCache(cache.layers[own], len(cache.layers))
+            chunk = getattr(cache, "unikv_chunk", None)
+            if chunk is not None:  # a padded chunk's length (sim.real.padded_chunk)
+                out[name].unikv_chunk = chunk
     return out

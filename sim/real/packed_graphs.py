@@ -46,6 +46,17 @@ the padding and bucketing are the same, so the CPU tests check them.
 On CUDA the buckets share one graph memory pool (`warm_up` captures the
 largest first, as serving engines do): only one packed graph runs at a
 time, and each pick is copied out of the graph's output before the next.
+
+A model with recurrent state (Nemotron-H's Mamba-2 mixers; a `binder`)
+runs each prefill chunk alone (`sim.real.executor.state_plans`), so its
+packed steps are one request each. Its bucket's forward gathers the
+request's state from its slot (an index buffer, `PAD_SLOT` until a
+fill) into one static one-row cache the buckets share, runs the model
+with the mixers' padded chunk path (`sim.real.padded_chunk`: the conv
+state and the scan stop at the chunk's real length, a device buffer, and
+a first chunk starts from zero state by a device flag), and scatters the
+state back: the gather, the forward and the scatter are one captured
+graph, as the decode buckets' are (`sim.real.graphs.DecodeGraphs`).
 """
 
 from __future__ import annotations
@@ -97,13 +108,17 @@ class PackedGraphs:
         capture: capture CUDA graphs (default: on a CUDA device).
         prefill: a `CompiledPrefill` over the same views whose compiled
             layers the buckets run (None: the eager layers).
+        binder: the `StateBinder` of a model with recurrent state, every
+            recurrent layer a Mamba-2 mixer (module docstring; None: none).
     Raises:
-        ValueError: `max_pages` or `max_requests` below 1, or buckets that
-            are not positive ints.
+        ValueError: `max_pages` or `max_requests` below 1, buckets that
+            are not positive ints, or a binder's model with recurrent
+            layers the padded chunk path does not run (named).
     """
 
     def __init__(self, model, views, bands: Sequence[str], *, device: str, max_pages: int, max_requests: int,
-                 buckets: Sequence[int] = PACKED_BUCKETS, capture: bool | None = None, prefill=None) -> None:
+                 buckets: Sequence[int] = PACKED_BUCKETS, capture: bool | None = None, prefill=None,
+                 binder=None) -> None:
         for name, value in (("max_pages", max_pages), ("max_requests", max_requests)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"PackedGraphs: {name}={value!r}; expected an int >= 1")
@@ -124,6 +139,28 @@ class PackedGraphs:
         self.compile_failures: dict[int, str] = {}  # bucket -> why its compiled forward was given up
         self._buckets: dict[int, _Packed] = {}
         self._pool: Any = None  # the buckets' shared graph memory pool (CUDA)
+        self.binder = binder
+        if binder is not None:
+            self._bind_state(model)
+
+    def _bind_state(self, model) -> None:
+        """A binder's buffers: the chunk's slot, length and first-chunk flag,
+        and the static one-row cache every bucket gathers into."""
+        import torch
+        from unikv.sim.real.padded_chunk import ChunkLength, padded_ready
+        from unikv.sim.real.state import PAD_SLOT, cache_kwarg
+
+        why = padded_ready(model)
+        if why is not None:
+            raise ValueError(f"PackedGraphs: {why}")
+        dev = self.device
+        self.slot = torch.full((1,), PAD_SLOT, dtype=torch.int64, device=dev)
+        self.chunk = ChunkLength(length=torch.zeros(1, dtype=torch.int64, device=dev),
+                                 fresh=torch.ones(1, dtype=torch.bool, device=dev))
+        self.cache = self.binder.static_cache(1)
+        self.attention = tuple(self.binder.attention_layers(self.cache))
+        self.empty = torch.empty(0, dtype=model.dtype, device=dev)
+        self.cache_kwarg = cache_kwarg(model)
 
     def bucket(self, tokens: int) -> int | None:
         """The smallest bucket holding `tokens` tokens (None: none does)."""
@@ -137,11 +174,21 @@ class PackedGraphs:
             if n not in self._buckets:
                 self._build(n)
 
-    def run(self, batch) -> Any:
+    def run(self, batch, state_slots=None, fresh: bool = False) -> Any:
         """Greedy next tokens `[S]` of a packed `StepBatch`'s sampled rows, or
         None when no bucket takes it (too many tokens or requests, a table
         wider than `max_pages`) or it carries no virtual rows (a `readable`
-        batch): the caller runs it as before."""
+        batch): the caller runs it as before.
+
+        Args:
+            batch: the step's `StepBatch`.
+            state_slots: with a binder, the request's physical state slot
+                (one: a recurrent model's chunk runs alone).
+            fresh: with a binder, the chunk starts the request (position 0).
+        Raises:
+            ValueError: with a binder, a batch of more than one request, or
+                not one state slot, or the padding slot.
+        """
         if batch.layout != "packed" or batch.page_rows is None:
             return None
         tokens, b = batch.num_tokens, len(batch.requests)
@@ -150,14 +197,33 @@ class PackedGraphs:
         if n is None or b > self.max_requests or width > self.max_pages:
             self.fallbacks += 1
             return None
+        slot = self._state_slot(state_slots, b) if self.binder is not None else None
         st = self._buckets.get(n) or self._build(n)
         self._fill(st, batch, tokens, b, width)
+        if slot is not None:
+            self.slot.copy_(slot, non_blocking=True)
+            self.chunk.length.fill_(tokens)
+            self.chunk.fresh.fill_(bool(fresh))
         st.steps += 1
         samples = int(batch.sample_rows.numel())
         if st.graph is None:
             return self._forward(st)[:samples]
         st.graph.replay()
         return st.out[:samples].clone()  # the pool is shared: the next bucket's replay may reuse this memory
+
+    def _state_slot(self, state_slots, b: int) -> Any:
+        """The chunk's state slot as the binder's device index `[1]`."""
+        import torch
+        from unikv.sim.real.state import PAD_SLOT
+
+        if b != 1 or state_slots is None:
+            raise ValueError(f"PackedGraphs.run: a model with recurrent state: {b} requests, state_slots "
+                             f"{state_slots!r}; expected one prefill chunk and its state slot")
+        host = state_slots if isinstance(state_slots, torch.Tensor) else torch.as_tensor(state_slots)
+        if host.numel() != 1 or (host.device.type == "cpu" and int(host.reshape(-1)[0]) == PAD_SLOT):
+            raise ValueError(f"PackedGraphs.run: state_slots={host.tolist()}; expected the request's one slot, "
+                             f"not the padding slot {PAD_SLOT}")
+        return self.binder.slot_index(host)
 
     def _static(self, n: int) -> _Packed:
         import torch
@@ -218,11 +284,40 @@ class PackedGraphs:
         slots = {band: self.views.translate_slots(st.vids, band) for band in self.bands}
         ctx = StepContext(views=self.views, block_tables=tables, cu_q=st.cu_q, seq_lens=st.seq_lens,
                           write_slots=slots, layout="packed")
+        if self.binder is not None:
+            return self._state_forward(st, ctx, compiled)
         if compiled and self.prefill is not None:
             out = self.prefill.forward(ctx, st.ids, st.pos, st.keep)
         else:
             with torch.inference_mode(), use_step(ctx):
                 out = self.model(input_ids=st.ids, position_ids=st.pos, use_cache=False, logits_to_keep=st.keep)
+        return out.logits[0].argmax(-1)
+
+    def _state_forward(self, st: _Packed, ctx, compiled: bool) -> Any:
+        """A recurrent model's chunk over the bucket's buffers: the slot's
+        state gathered into the static cache, which carries the chunk's
+        length (`sim.real.padded_chunk`), the forward with the mixers'
+        padded path, the state scattered back (module docstring)."""
+        import torch
+        from unikv.sim.real.attention import use_step
+        from unikv.sim.real.padded_chunk import carry, padded_mixers
+        from unikv.sim.real.state import hold_empty
+
+        def bind():
+            for layer in self.attention:
+                hold_empty(layer, self.empty)
+            self.binder.gather(self.cache, self.slot)
+            return carry(self.cache, self.chunk)
+
+        with padded_mixers(self.model):
+            if compiled and self.prefill is not None:
+                out, cache = self.prefill.forward_state(ctx, st.ids, st.pos, st.keep, bind=bind)
+            else:
+                cache = bind()
+                with torch.inference_mode(), use_step(ctx):
+                    out = self.model(input_ids=st.ids, position_ids=st.pos, use_cache=True, logits_to_keep=st.keep,
+                                     **{self.cache_kwarg: cache})
+        self.binder.scatter(cache, self.slot)
         return out.logits[0].argmax(-1)
 
     def _compiles(self) -> bool:
@@ -239,6 +334,12 @@ class PackedGraphs:
         st.compiled = self._compiles()
         if not self.capture:
             return st
+        if self.binder is not None:  # warm-up and capture: the sink's slot, a first chunk of n tokens
+            from unikv.sim.real.state import PAD_SLOT
+
+            self.slot.fill_(PAD_SLOT)
+            self.chunk.length.fill_(n)
+            self.chunk.fresh.fill_(True)
         import torch
 
         if self._pool is None:

@@ -395,6 +395,28 @@ def test_a_padded_profile_reads_each_step_at_its_buckets_size():
     assert plain.prefill(300, 1024)[0] != pytest.approx(power_prefill(384, 1024), rel=1e-3)
 
 
+def per_chunk_padded(chunk, batch):  # a chunk padded alone, then the decoders' own forward
+    return 1e-5 * (1 + bucket(chunk)) ** 0.9 * (1 + batch) ** 0.1
+
+
+def test_a_per_chunk_padded_profile_pads_each_chunk_alone():
+    """A model with recurrent state runs each chunk as its own padded
+    forward (`PackedGraphs` with the state binder) and its decoders apart:
+    a mixed step reads its column at the chunk's own bucket, whatever the
+    decoders, and a further chunk costs its bucket's prefill row."""
+    data = make(prefill=lambda c, k: power_prefill(bucket(c), k), mixed=per_chunk_padded,
+                chunks=(16, 128, 512, 2048, 8192), batches=(1, 8, 64, 200))
+    prof = StepProfile.from_dict(data | {"packed_buckets": BUCKETS, "step_forwards": "per_chunk"})
+    for chunk, batch in ((100, 8), (300, 64), (700, 1), (3000, 8), (20, 200)):
+        got, outside = prof._mixed_at(chunk, batch)
+        assert got == pytest.approx(per_chunk_padded(chunk, batch), rel=1e-12) and not outside
+    got, _ = prof.step_forward_s(((300, 0), (100, 1024)), 8, 1024)
+    assert got == pytest.approx(per_chunk_padded(300, 8) + power_prefill(128, 1024), rel=1e-12)
+    # read as packed, the same mixed grid would pad the chunk with its decoders: 700 + 64 -> 768, a chunk of 704
+    packed = StepProfile.from_dict(data | {"packed_buckets": BUCKETS})
+    assert packed._mixed_at(700, 64)[0] != pytest.approx(per_chunk_padded(700, 64), rel=1e-3)
+
+
 def test_a_padded_step_past_the_largest_bucket_runs_at_its_own_size():
     prof = StepProfile.from_dict(padded_profile())
     got, _ = prof.forward_s(chunk_tokens=4000, cached_tokens=0, batch=0, context_tokens=0)
@@ -405,7 +427,6 @@ def test_a_padded_step_past_the_largest_bucket_runs_at_its_own_size():
     (lambda d: d.update(packed_buckets=[16, 16, 32]), "packed_buckets=[16, 16, 32] must be a strictly increasing"),
     (lambda d: d.update(packed_buckets=[0, 16]), "must be a strictly increasing list of positive"),
     (lambda d: d.update(packed_buckets="16"), "packed_buckets='16'"),
-    (lambda d: d.update(packed_buckets=[16, 64], step_forwards="per_chunk"), "needs step_forwards 'packed'"),
     (lambda d: d.update(packed_buckets=[16, 1024, 20000]), "prefill.chunk_tokens=[1.0, 64.0, 512.0, 4096.0, 16384.0]: "
                                                            "two rows pad to one bucket"),
     (lambda d: d.update(packed_buckets=[1, 64, 600]), "mixed.chunk_tokens=[1.0, 64.0, 512.0, 4096.0, 16384.0] at batch 1:"),

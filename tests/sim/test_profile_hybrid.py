@@ -99,3 +99,35 @@ def test_a_replay_of_the_hybrid_uses_its_profile_and_says_so(smoke, monkeypatch,
     merged = run(RunConfig(**settings)).summary
     assert merged["step_time_model"] == per_chunk["step_time_model"]
     assert len({roofline["busy_time_s"], per_chunk["busy_time_s"], merged["busy_time_s"]}) == 3
+
+
+@pytest.fixture(scope="module")
+def smoke_graphs(smoke, tmp_path_factory):
+    """(the profile, its held-out file, stdout) of a smoke run with
+    --prefill-graphs: each chunk through its token bucket, padded
+    (`sim.real.padded_chunk`)."""
+    config, _, _, _ = smoke
+    root = tmp_path_factory.mktemp("hybrid_profile_graphs")
+    out, held = root / f"{NAME}__h200.json", root / "heldout.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "profile_model.py"), "--model", NAME, "--gpu", "h200",
+         "--smoke", str(config), "--reps", "1", "--prefill-graphs", "--out", str(out), "--heldout", str(held)],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return StepProfile.load(out), StepProfile.load(held), done.stdout
+
+
+def test_a_smoke_profile_with_prefill_graphs_pads_each_chunk_and_loads(smoke_graphs):
+    """The hybrid's chunks run through `PackedGraphs` with the state binder:
+    the profile is per chunk and lists the buckets, which `StepProfile`
+    reads chunk by chunk (`_mixed_chunk`); the method says how."""
+    from unikv.sim.real.packed_graphs import PACKED_BUCKETS
+
+    fit, held, log = smoke_graphs
+    for prof in (fit, held):
+        assert prof.step_forwards == "per_chunk" and prof.packed_buckets == tuple(PACKED_BUCKETS)
+        assert "PackedGraphs with the StateBinder" in prof.provenance["method"]
+        assert "sim.real.padded_chunk" in prof.provenance["method"]
+    assert log.count(" ms (reps ") == 2 * 12
+    got, outside = fit.forward_s(chunk_tokens=20, cached_tokens=0, batch=2, context_tokens=32)
+    assert got == pytest.approx(fit.mixed.forward_s[1][1], rel=1e-12) and not outside  # 20 pads to 32: its row

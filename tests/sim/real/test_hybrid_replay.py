@@ -114,13 +114,14 @@ def fp32_conv(spec: ModelSpec) -> ModelSpec:
 def replay(tmp_path, monkeypatch, compaction: str, *, zero_state: bool = False, clock: str = "cost",
            name: str = "nemotron_h", budget_gib: float = BUDGET_GIB, graphs: bool = False, on_build=None,
            requests: pd.DataFrame | None = None, running: int = 16, prefill_tokens: int = 16,
-           device: str = "cpu", compile_prefill: bool = False):
+           device: str = "cpu", compile_prefill: bool = False, prefill_graphs: bool = False):
     """Run the trace (`requests`, default `trace()`) with at most `running`
     requests and `prefill_tokens` prefill tokens a step; returns (result,
     executor, generated counts at each retraction, chunks that continued a
     prefill from its slot's state). `on_build`: called with the executor
     once built. `compile_prefill`: the prefill chunks through compiled
-    layers (`RunConfig.compile_prefill`)."""
+    layers (`RunConfig.compile_prefill`); `prefill_graphs`: through the
+    packed buckets, padded (`RunConfig.prefill_graphs`)."""
     load = sim_run.load_model
     monkeypatch.setattr(sim_run, "load_model", lambda *a, **k: fp32_conv(load(*a, **k)))
     built, retracted_at, continued = {}, [], []
@@ -154,7 +155,7 @@ def replay(tmp_path, monkeypatch, compaction: str, *, zero_state: bool = False, 
     monkeypatch.setattr(real_executor, "build_batch", lockstep_build)
     config = RunConfig(trace="test", model=str(config_file(tmp_path, name)), kv_cache_dtype="fp32",
                        executor="real", real_clock=clock, decode_graphs=graphs, kv_budget_gib=budget_gib, device=device,
-                       compile_prefill=compile_prefill,
+                       compile_prefill=compile_prefill, prefill_graphs=prefill_graphs,
                        page_size=4, layout="end_end",
                        compaction=compaction, check_every=1, scheduler=SchedulerConfig(
                            max_running=running, prefill_tokens_per_step=prefill_tokens, reserve_init=0.0,
