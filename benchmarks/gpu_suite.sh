@@ -20,9 +20,12 @@
 #   hybrid  benchmarks/profile_model.py for nemotron-3-nano-30b-a3b, the
 #           model with recurrent state: decode through the decode graphs'
 #           buckets (the state's gather and scatter captured inside them),
-#           prefill chunks through the compiled blocks (--compiled; its
-#           decode buckets stay uncompiled, --prefill-graphs is refused
-#           for it); to decide whether it can be bundled.
+#           each prefill chunk padded to its token bucket and captured
+#           over the compiled blocks (--compiled --prefill-graphs: the
+#           state's gather, the Mamba-2 mixers' padded path,
+#           sim/real/padded_chunk.py, and the scatter in one graph; its
+#           decode buckets stay uncompiled); to decide whether it can be
+#           bundled.
 #   hybrid-prefill benchmarks/profile_state_prefill.py for nemotron-3-nano-30b-a3b:
 #           one prefill chunk of 512 and of 4,096 tokens (no cache) under
 #           torch.profiler, its CUDA time by module kind (Mamba-2 mixer,
@@ -98,7 +101,7 @@ for part in "$@"; do
         ;;
     hybrid)
         model=nemotron-3-nano-30b-a3b
-        python3 benchmarks/profile_model.py --model "$model" --gpu h200 --reps 5 --compiled \
+        python3 benchmarks/profile_model.py --model "$model" --gpu h200 --reps 5 --compiled --prefill-graphs \
             --out "$out/profiles/${model}__h200.json" --heldout "$out/profiles/${model}__h200_heldout.json" \
             --revision "$(cat REVISION 2>/dev/null || echo unknown)" 2>&1 | tee "$out/${model}_profile.log"
         ;;

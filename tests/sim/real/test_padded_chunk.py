@@ -262,6 +262,8 @@ def test_a_hybrid_replay_through_padded_chunk_buckets_gives_transformers_tokens(
     if compiled:
         assert s["prefill_compile_failure"] is None, s["prefill_compile_failure"]
         assert s["packed_graph_compiled"] == s["packed_graph_buckets"]
+        # the padded blocks compile once for every bucket (3 graphs here: attention, Mamba-2, MLP blocks)
+        assert s["prefill_graphs"] <= 6, s["prefill_graphs"]
     want = references(ex.model, ex, res.requests)
     for rid in want:
         assert ex.generated[rid] == want[rid], f"request {rid}"
