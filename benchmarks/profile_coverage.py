@@ -57,15 +57,11 @@ class Coverage:
         build_error / executor_error: why transformers cannot build it, or
             why the real executor cannot run it ("" when it can).
         profiled: the profile file of (model, gpu) is bundled.
-        eager: a model with recurrent state: the real executor runs its
-            prefill chunks one forward each, through compiled blocks and
-            unikv's Triton SSD scan (no CUDA graphs: padding a Mamba-2
-            chunk would advance its state), and its decode through the
-            decode graphs with the state gathered and scattered inside
-            them. Nemotron-3-Nano's profile at 2efa8c2: its small chunks
-            host-bound (42-61 ms for 128-1,024 tokens), held-out prefill
-            median 12.7 %, p90 20.7 %; measured, not bundled (issue 17:
-            forwards as serving engines run them).
+        recurrent: a model with recurrent state: the real executor runs
+            each prefill chunk as its own forward, padded to its token
+            bucket and captured (`sim.real.padded_chunk`), and its decode
+            through the decode graphs with the state gathered and scattered
+            inside them; its profile says `"step_forwards": "per_chunk"`.
     """
 
     model: str
@@ -77,15 +73,12 @@ class Coverage:
     build_error: str
     executor_error: str
     profiled: bool
-    eager: bool = False
+    recurrent: bool = False
 
     def short_refusal(self) -> str:
         """Which check `refusal` failed, in a word or three ("not measured
         yet" when none did): the table's other columns say why."""
         if self.refusal() is None:
-            if self.eager:
-                return ("recurrent state: its compiled prefill chunks are host-bound (2-4x an engine's below 2k "
-                        "tokens, no CUDA graphs for a Mamba-2 chunk) and miss the held-out targets: not bundled")
             return "profilable, not measured yet"
         return ("no config.json" if self.config is None else "not buildable" if self.build_error
                 else "executor" if self.executor_error else "does not fit")
@@ -175,7 +168,7 @@ def check(model: str, gpu: str = "h200") -> Coverage:
         raise ValueError(f"gpu={gpu!r}: no usable memory known; expected one of {sorted(USABLE_GIB)}")
     spec = load_model(model)  # raises for an unknown id
     config = config_file(model)
-    weights_gib, counted, build, runs, eager = None, False, "", "", False
+    weights_gib, counted, build, runs, recurrent = None, False, "", "", False
     model_type = spec.model_type or "?"
     if config is not None:
         try:
@@ -191,13 +184,13 @@ def check(model: str, gpu: str = "h200") -> Coverage:
             if not runs:
                 from unikv.sim.real import layers
 
-                eager = bool(layers.model_layers(lm.config, torch.bfloat16).recurrent)
+                recurrent = bool(layers.model_layers(lm.config, torch.bfloat16).recurrent)
     if weights_gib is None and spec.params_total:
         weights_gib = spec.params_total * 2 / 2**30
     fits = None if weights_gib is None else weights_gib + ROOM_GIB <= USABLE_GIB[gpu]
     return Coverage(model=model, model_type=model_type, config=config, weights_gib=weights_gib, counted=counted,
                     fits=fits, build_error=build, executor_error=runs,
-                    profiled=profile_path(model, gpu).is_file(), eager=eager)
+                    profiled=profile_path(model, gpu).is_file(), recurrent=recurrent)
 
 
 def markdown(rows: list[Coverage], gpu: str) -> str:

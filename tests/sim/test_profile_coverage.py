@@ -35,17 +35,14 @@ def test_each_check_names_why_a_model_cannot_be_profiled(bench, model, refusal):
     assert got == refusal if refusal is None else refusal in got
 
 
-def test_a_model_the_executor_runs_eagerly_is_profilable_but_not_bundled(bench):
-    """A model with recurrent state runs its prefill chunks eagerly and its
-    captured decode (the state bound inside the decode graphs) is not yet
-    measured on a GPU: profile_model may measure it, but no profile of it
-    is bundled (and replays keep the roofline); attention-only models are
-    not eager."""
+def test_the_recurrent_hybrid_is_profiled_and_said_to_be_recurrent(bench):
+    """Nemotron-3-Nano (Mamba-2 state) is profiled as the executor runs it,
+    per chunk (its bundled profile, 0f5c394); attention-only models are
+    not recurrent."""
     coverage, _ = bench
     nemotron, gemma = coverage.check("nemotron-3-nano-30b-a3b", "h200"), coverage.check("gemma-3-12b", "h200")
-    assert nemotron.eager and not nemotron.profiled and nemotron.refusal() is None
-    assert nemotron.short_refusal().startswith("recurrent state: its compiled prefill chunks are host-bound")
-    assert not gemma.eager and gemma.profiled
+    assert nemotron.recurrent and nemotron.profiled and nemotron.refusal() is None
+    assert not gemma.recurrent and gemma.profiled
 
 
 def test_an_mla_model_is_refused_by_name(bench):

@@ -126,12 +126,12 @@ def test_a_derived_budget_uses_the_gpu_specs_hbm_and_the_models_weights():
 def test_a_bundled_step_time_profile_enters_the_run_id_and_the_dataset():
     from unikv.sim.study.grid import profile_sha256
 
-    profiled = dict(STUDY, study={"name": "g"}, models={"names": ["gemma-3-12b", "nemotron-3-nano-30b-a3b"]},
+    profiled = dict(STUDY, study={"name": "g"}, models={"names": ["gemma-3-12b", "hymba-1.5b-base"]},
                     layouts={"kinds": ["oracle"]})
     specs = expand(parse_study(profiled))
     sha = {s.columns["model"]: s.columns["profile_sha256"] for s in specs}
     assert sha["gemma-3-12b"] == profile_sha256("gemma-3-12b", "h200") and len(sha["gemma-3-12b"]) == 64
-    assert sha["nemotron-3-nano-30b-a3b"] is None  # no profile: the roofline
+    assert sha["hymba-1.5b-base"] is None  # no profile: the roofline
 
 
 def test_an_unset_later_scheduler_setting_stays_out_of_the_run_id():
