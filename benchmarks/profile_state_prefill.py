@@ -1,5 +1,5 @@
-"""Where one prefill chunk's time goes in a model with recurrent state: its
-forward under torch.profiler, grouped by module kind.
+"""Where one prefill chunk's (or decode step's) time goes in a model with
+recurrent state: its forward under torch.profiler, grouped by module kind.
 
 Each point is one chunk of C tokens over K cached tokens, run exactly as
 `benchmarks/profile_model.py` measures a prefill point of such a model
@@ -37,6 +37,9 @@ Random weights, bf16 on CUDA, as profile_model.py builds them.
 executor does with --compile-prefill: `CompiledPrefill.forward_state`);
 the kernels are then grouped only as the forward, the state's gather and
 scatter, and `other` (a compiled block is one graph: no mixer ranges).
+`--decode B ...` adds decode points: B requests at `--context` tokens,
+one eager `[B, 1]` forward between the binder's gather and scatter (the
+decode graphs replay the same kernels without module ranges).
 
     python benchmarks/profile_state_prefill.py --out results/real/h200/hybrid_prefill --trace
 """
@@ -289,12 +292,35 @@ def profile_point(lm, spec, placed, chunk: int, cached: int, reps: int, trace: P
     return text, summary
 
 
+def profile_decode(lm, spec, placed, batch: int, context: int, reps: int, trace: Path | None) -> tuple[str, dict]:
+    """One decode point profiled: `batch` requests at `context` tokens
+    decoding one token each, as one eager `[B, 1]` forward between the
+    binder's gather and scatter (`state_point(graphs=False)`: the decode
+    graphs replay the same kernels, but a replay's kernels carry no
+    module ranges to group them by)."""
+    got: dict = {}
+    with ranges(lm):
+        pm.state_point(lm, spec, placed, 0, 0, batch, context, reps, graphs=False, run=profiling_run(reps, got))
+    prof = got["profile"]
+    key = "self_device_time_total" if brd.DEVICE == "cuda" else "self_cpu_time_total"
+    top = prof.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=70)
+    if trace is not None:
+        prof.export_chrome_trace(str(trace))
+    text, summary = report(f"decode batch {batch} at {context} tokens, eager", got["wall_s"],
+                           grouped(prof, reps), forward_host_ms(prof, reps), top)
+    summary.update(decode=batch, context=context)
+    return text, summary
+
+
 def refusal(args) -> tuple[str | None, Path | None, str]:
     """(why the input cannot be profiled or None, the config, the dtype)."""
     from unikv.sim.models import load_model
 
     if any(c <= 0 for c in args.chunks):
         return f"--chunks {args.chunks}: every chunk must be a positive token count", None, ""
+    if any(b <= 0 for b in args.decode) or args.context <= 0:
+        return (f"--decode {args.decode} --context {args.context}: batches and the context must be positive",
+                None, "")
     if args.reps <= 0:
         return f"--reps {args.reps}: must be positive", None, ""
     if any(k < 0 for k in args.cached):
@@ -337,7 +363,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=DEFAULT_MODEL, help="a bundled model id with recurrent state")
     ap.add_argument("--gpu", default="h200", help="the bundled GPU name (profile_coverage's fit check)")
-    ap.add_argument("--chunks", type=int, nargs="+", default=[512, 4096], help="prefill chunk tokens")
+    ap.add_argument("--chunks", type=int, nargs="*", default=[512, 4096], help="prefill chunk tokens (none: no "
+                    "prefill point)")
+    ap.add_argument("--decode", type=int, nargs="*", default=[], help="decode batch sizes, each profiled as one "
+                    "eager [B, 1] step at --context tokens, after the prefill points")
+    ap.add_argument("--context", type=int, default=4096, help="the decoders' context tokens")
     ap.add_argument("--cached", type=int, nargs="+", default=[0], help="tokens already cached before the chunk")
     ap.add_argument("--reps", type=int, default=2, help="timed runs, and as many profiled runs, a point")
     ap.add_argument("--out", type=Path, default=Path("results/real/h200/hybrid_prefill"))
@@ -374,6 +404,12 @@ def main(argv=None) -> int:
         tag = "_compiled" if args.compiled else ""
         trace = args.out / f"chunk{chunk}_cached{cached}_{scan}{tag}.trace.json" if args.trace else None
         text, summary = profile_point(lm, spec, placed, chunk, cached, args.reps, trace, scan, args.compiled)
+        print(text + f"\n({time.perf_counter() - started:.0f} s since the start)", flush=True)
+        texts.append(text)
+        summaries.append(summary)
+    for batch in args.decode:
+        trace = args.out / f"decode{batch}_context{args.context}.trace.json" if args.trace else None
+        text, summary = profile_decode(lm, spec, placed, batch, args.context, args.reps, trace)
         print(text + f"\n({time.perf_counter() - started:.0f} s since the start)", flush=True)
         texts.append(text)
         summaries.append(summary)

@@ -70,12 +70,28 @@ def test_everything_is_packed_into_one_archive(smoke):
     assert sorted(f.name for f in out.iterdir()) == ["report.txt", "summary.json"]  # the traces only packed
 
 
+def test_a_decode_point_groups_the_eager_decode_step(tmp_path):
+    """--decode: a [B, 1] step of B requests at --context tokens, eager
+    between the binder's gather and scatter, grouped like a chunk."""
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", str(config_file(tmp_path, "nemotron_moe")),
+                           "--chunks", "--decode", "3", "--context", "16", "--reps", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("== decode batch 3 at 16 tokens, eager: wall ") == 1 and "== prefill" not in done.stdout
+    (point,) = json.loads((out / "summary.json").read_text())["points"]
+    assert (point["decode"], point["context"]) == (3, 16)
+    for g in ("mamba2", "moe.experts", "attention", "state.gather", "state.scatter"):
+        assert point["groups"][g]["cpu_ms"] > 0, g
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--chunks", "512", "0"], "--chunks [512, 0]: every chunk must be a positive token count"),
     (["--model", "no-such-model"], "--model 'no-such-model': unknown model"),
     (["--model", "llama-3.1-8b"], "--model 'llama-3.1-8b': llama-3.1-8b keeps no recurrent state"),
     (["--smoke", str(ROOT / "tests/data/configs/meta-llama--Meta-Llama-3.1-8B_config.json")], "keeps no recurrent"),
     (["--reps", "0"], "--reps 0: must be positive"),
+    (["--decode", "0"], "--decode [0] --context 4096: batches and the context must be positive"),
 ])
 def test_bad_input_is_refused_in_one_line(argv, says, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
