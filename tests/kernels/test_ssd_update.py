@@ -25,17 +25,20 @@ def mixer_args(shape, device, dtype=torch.bfloat16, layout="mixer", seed=0):
     proj = torch.randn(b, h * p + 2 * g * n + h + 3, generator=gen)
     proj[0, -h - 3] = 30.0  # softplus' linear branch (dt + bias > 20)
     proj[-1, -4] = -30.0  # and its far tail
+    A, D, bias = -torch.rand(h, generator=gen) * 3, torch.randn(h, generator=gen), torch.randn(h, generator=gen)
+    state = torch.randn(b, h, p, n, generator=gen)
+    # moved before the views are taken: .to(device) of a view copies it contiguous
+    proj, A, D, bias, state = (t.to(device) for t in (proj, A, D, bias, state))
     x, B, C, dt, _ = proj.to(dtype).split([h * p, g * n, g * n, h, 3], dim=-1)
     x, B, C = x.view(b, h, p), B.view(b, g, n), C.view(b, g, n)
     dt = dt[:, None, :].transpose(1, 2).expand(-1, -1, p)
-    A = (-torch.rand(h, generator=gen) * 3)[:, None, None].expand(-1, p, n)
-    D, bias = (torch.randn(h, generator=gen).to(dtype)[:, None].expand(-1, p) for _ in range(2))
-    state = torch.randn(b, h, p, n, generator=gen)
+    A = A[:, None, None].expand(-1, p, n)
+    D, bias = (t.to(dtype)[:, None].expand(-1, p) for t in (D, bias))
     if layout == "contiguous":
         x, dt, A, B, C, D, bias = (t.contiguous() for t in (x, dt, A, B, C, D, bias))
     elif layout == "strided":
         x, B, C = (torch.stack([t, torch.full_like(t, float("nan"))], dim=-1)[..., 0] for t in (x, B, C))
-    return tuple(t.to(device) for t in (state, x, dt, A, B, C, D, bias))
+    return state, x, dt, A, B, C, D, bias
 
 
 def transformers_update():
@@ -63,6 +66,7 @@ def assert_bf16_close(got, want, ulps=2):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_the_kernel_is_transformers_update(device, shape, dtype):
     state, x, dt, A, B, C, D, bias = mixer_args(shape, device, dtype)
+    assert dt.stride(2) == A.stride(0) == A.stride(2) == D.stride(1) == bias.stride(1) == 0
     theirs = state.clone()
     want = run_transformers(theirs, x, dt, A, B, C, D, bias)
     out = update.state_update(state, x, dt, A, B, C, D, bias, True, triton=True)
