@@ -66,7 +66,7 @@ def assert_bf16_close(got, want, ulps=2):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_the_kernel_is_transformers_update(device, shape, dtype):
     state, x, dt, A, B, C, D, bias = mixer_args(shape, device, dtype)
-    assert dt.stride(2) == A.stride(0) == A.stride(2) == D.stride(1) == bias.stride(1) == 0
+    assert dt.stride(2) == A.stride(1) == A.stride(2) == D.stride(1) == bias.stride(1) == 0
     theirs = state.clone()
     want = run_transformers(theirs, x, dt, A, B, C, D, bias)
     out = update.state_update(state, x, dt, A, B, C, D, bias, True, triton=True)
