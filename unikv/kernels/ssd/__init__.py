@@ -11,6 +11,10 @@ reference elsewhere). `scan_op()` registers it as the torch operator `unikv::ssd
 so `torch.compile` traces a caller through one opaque call; the operator
 runs `chunk_scan`. Registration happens on the first call (no import-time
 side effect).
+
+`update` is Mamba-2's one-token decode step (`selective_state_update`) as
+a Triton kernel: `state_update`, `model_update`, `reference_update`,
+exported here on first access (importing `update` imports Triton).
 """
 
 from __future__ import annotations
@@ -23,6 +27,15 @@ import torch
 from unikv.kernels.launch import runs_triton
 
 OP = "unikv::ssd_chunk_scan"
+UPDATE = ("state_update", "model_update", "reference_update")
+
+
+def __getattr__(name: str):
+    if name in UPDATE:
+        from unikv.kernels.ssd import update
+
+        return getattr(update, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_args(x, dt, A, B, C, chunk_size, D, dt_bias, initial_states, dt_limit) -> None:
