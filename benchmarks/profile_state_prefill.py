@@ -39,7 +39,9 @@ the kernels are then grouped only as the forward, the state's gather and
 scatter, and `other` (a compiled block is one graph: no mixer ranges).
 `--decode B ...` adds decode points: B requests at `--context` tokens,
 one eager `[B, 1]` forward between the binder's gather and scatter (the
-decode graphs replay the same kernels without module ranges).
+decode graphs replay the same kernels without module ranges), once per
+`--scans` entry but einsum: "kernels" updates a Mamba-2 state with unikv's
+kernel (the executor's), "transformers" with transformers' own function.
 
     python benchmarks/profile_state_prefill.py --out results/real/h200/hybrid_prefill --trace
 """
@@ -292,23 +294,27 @@ def profile_point(lm, spec, placed, chunk: int, cached: int, reps: int, trace: P
     return text, summary
 
 
-def profile_decode(lm, spec, placed, batch: int, context: int, reps: int, trace: Path | None) -> tuple[str, dict]:
+def profile_decode(lm, spec, placed, batch: int, context: int, reps: int, trace: Path | None,
+                   scan: str = "kernels") -> tuple[str, dict]:
     """One decode point profiled: `batch` requests at `context` tokens
     decoding one token each, as one eager `[B, 1]` forward between the
     binder's gather and scatter (`state_point(graphs=False)`: the decode
     graphs replay the same kernels, but a replay's kernels carry no
-    module ranges to group them by)."""
+    module ranges to group them by). `scan` "kernels": a Mamba-2 mixer's
+    state update through unikv's kernel (the executor's,
+    `sim.real.ssd.state_update`); otherwise transformers' own."""
     got: dict = {}
-    with ranges(lm):
+    with ranges(lm), scanning(scan):
         pm.state_point(lm, spec, placed, 0, 0, batch, context, reps, graphs=False, run=profiling_run(reps, got))
     prof = got["profile"]
     key = "self_device_time_total" if brd.DEVICE == "cuda" else "self_cpu_time_total"
     top = prof.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=70)
     if trace is not None:
         prof.export_chrome_trace(str(trace))
-    text, summary = report(f"decode batch {batch} at {context} tokens, eager", got["wall_s"],
+    update = "kernel update" if scan == "kernels" else "transformers' update"
+    text, summary = report(f"decode batch {batch} at {context} tokens, eager, {update}", got["wall_s"],
                            grouped(prof, reps), forward_host_ms(prof, reps), top)
-    summary.update(decode=batch, context=context)
+    summary.update(decode=batch, context=context, scan=scan)
     return text, summary
 
 
@@ -407,9 +413,9 @@ def main(argv=None) -> int:
         print(text + f"\n({time.perf_counter() - started:.0f} s since the start)", flush=True)
         texts.append(text)
         summaries.append(summary)
-    for batch in args.decode:
-        trace = args.out / f"decode{batch}_context{args.context}.trace.json" if args.trace else None
-        text, summary = profile_decode(lm, spec, placed, batch, args.context, args.reps, trace)
+    for batch, scan in ((b, s) for b in args.decode for s in args.scans if s != "einsum"):
+        trace = args.out / f"decode{batch}_context{args.context}_{scan}.trace.json" if args.trace else None
+        text, summary = profile_decode(lm, spec, placed, batch, args.context, args.reps, trace, scan)
         print(text + f"\n({time.perf_counter() - started:.0f} s since the start)", flush=True)
         texts.append(text)
         summaries.append(summary)

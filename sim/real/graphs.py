@@ -343,10 +343,14 @@ class DecodeGraphs:
         self.compile = bool(compile)
         self.binder = binder
         self.cache_kwarg = ""
+        self._scan: Any = contextlib.nullcontext
         if binder is not None:
+            from unikv.sim.real.ssd import scan_for
             from unikv.sim.real.state import cache_kwarg
 
             self.cache_kwarg = cache_kwarg(model)
+            # a Mamba-2 mixer's decode update through unikv's kernel (`sim.real.ssd.state_update`), as eager decode
+            self._scan = scan_for(model)
         self._buckets: dict[int, _Bucket] = {}
         self._store: tuple[int, Any] = (0, None)  # a binder's: (rows, the static cache every bucket's is a view of)
         self.failures: dict[int, str] = {}  # bucket -> why its capture failed
@@ -523,15 +527,17 @@ class DecodeGraphs:
     def _state_forward(self, st: _Bucket, ctx) -> Any:
         """The forward of a model with recurrent state over the bucket's
         buffers: gather the rows' state by `st.slots` into the static
-        cache, run the model with it, scatter the state back (all on the
-        device, no host read: the capture records the three)."""
+        cache, run the model with it (a Mamba-2 mixer's decode update
+        through unikv's kernel: `sim.real.ssd.kernel_chunk_scan`), scatter
+        the state back (all on the device, no host read: the capture
+        records the three)."""
         from unikv.sim.real.attention import use_step
         from unikv.sim.real.state import hold_empty
 
         for layer in st.attention:
             hold_empty(layer, st.empty)
         self.binder.gather(st.cache, st.slots)
-        with use_step(ctx):
+        with use_step(ctx), self._scan():
             logits = self.model(input_ids=st.ids, position_ids=st.pos, use_cache=True,
                                 **{self.cache_kwarg: st.cache}).logits
         self.binder.scatter(st.cache, st.slots)

@@ -2,7 +2,10 @@
 
 A Nemotron-H prefill chunk runs transformers' plain-torch chunked scan
 (`mamba2_chunk_scan`, modeling_nemotron_h.py) where `mamba_ssm` is not
-installed, as on the GPU machine here. In transformers 5.17 that function
+installed, as on the GPU machine here, and a decode token's state update
+its plain-torch `mamba2_selective_state_update` (broadcast products over
+the whole state: about 6 GB of traffic a Mamba-2 layer at batch 256 for
+Nemotron-3-Nano, where engines read and write each state row once). In transformers 5.17 that function
 forms each of the scan's five contractions as a broadcast product summed
 over one axis: for a 4,096-token chunk of Nemotron-3-Nano (64 heads, head
 dim 64, state 128, chunks of 128 tokens) the products are 2-17 GB of fp32
@@ -20,9 +23,11 @@ wraps the forwards of a model with Mamba-2 mixers in it (`RealExecutor`,
 `benchmarks/profile_model.py`). `einsum_chunk_scan()` swaps in the einsum
 reference on every device (`benchmarks/profile_state_prefill.py --scans`
 measures each). Outside the block transformers' own function runs, so a
-reference generation with transformers' cache is untouched. The decode
-path (one token, `selective_state_update`) does not scan and is not
-affected.
+reference generation with transformers' cache is untouched.
+`kernel_chunk_scan()` also puts `state_update` (unikv's Triton decode
+update, `unikv.kernels.ssd.update`) in place of the module's
+`mamba2_selective_state_update`; the decode graphs of a model with such a
+mixer run their bucket forwards inside it (`sim.real.graphs`).
 """
 
 from __future__ import annotations
@@ -67,6 +72,26 @@ def chunk_scan(hidden_states, dt, A, B, C, chunk_size: int, D=None, dt_bias=None
     return (out, final) if return_final_states else out
 
 
+def state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus: bool = False, z=None,
+                 **kwargs: Any):
+    """transformers' `mamba2_selective_state_update` (same arguments, the
+    state updated in place, the same output up to rounding) through
+    `unikv.kernels.ssd.update.model_update`: one Triton kernel on CUDA (as
+    engines update a decode token's state, reading and writing each
+    state row once), its torch reference elsewhere. Nemotron-H's mixer
+    passes `z=None` (its gate goes to the norm); a gate here is refused.
+
+    Raises:
+        ValueError: `z` given (transformers' function would gate the output).
+    """
+    from unikv.kernels.ssd.update import model_update
+
+    if z is not None:
+        raise ValueError("state_update: z (an output gate) given; Nemotron-H's mixer gates in its norm and passes "
+                         "z=None, the only call this replaces")
+    return model_update(state, hidden_states, dt, A, B, C, D, dt_bias, bool(dt_softplus))
+
+
 def reference_chunk_scan(hidden_states, dt, A, B, C, chunk_size: int, D=None, dt_bias=None, initial_states=None,
                          dt_softplus: bool = False, dt_limit: tuple[float, float] = (0.0, float("inf")),
                          return_final_states: bool = False, **kwargs: Any):
@@ -92,27 +117,32 @@ def scan_for(model):
 
 
 @contextlib.contextmanager
-def swap_chunk_scan(scan) -> Iterator[None]:
+def swap_chunk_scan(scan, update=None) -> Iterator[None]:
     """Within the block, transformers' Nemotron-H mixers scan with `scan`
-    (transformers' signature); the module's own function is back after it."""
+    (transformers' signature) and, with `update`, update a decode token's
+    state with it (`mamba2_selective_state_update`'s signature); the
+    module's own functions are back after it."""
     from transformers.models.nemotron_h import modeling_nemotron_h as module
 
-    saved = module.mamba2_chunk_scan
+    saved = module.mamba2_chunk_scan, module.mamba2_selective_state_update
     module.mamba2_chunk_scan = scan
+    if update is not None:
+        module.mamba2_selective_state_update = update
     try:
         yield
     finally:
-        module.mamba2_chunk_scan = saved
+        module.mamba2_chunk_scan, module.mamba2_selective_state_update = saved
 
 
 def kernel_chunk_scan():
-    """`swap_chunk_scan(chunk_scan)`: the kernels on CUDA (the executor's).
-    Registers the operator `chunk_scan` calls inside a compiled trace first
-    (dynamo cannot trace the registration)."""
+    """`swap_chunk_scan(chunk_scan, state_update)`: the scan's and the
+    decode update's kernels on CUDA (the executor's). Registers the
+    operator `chunk_scan` calls inside a compiled trace first (dynamo
+    cannot trace the registration)."""
     from unikv.kernels.ssd import scan_op
 
     scan_op()
-    return swap_chunk_scan(chunk_scan)
+    return swap_chunk_scan(chunk_scan, state_update)
 
 
 def einsum_chunk_scan():

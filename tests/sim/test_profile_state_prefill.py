@@ -75,12 +75,14 @@ def test_a_decode_point_groups_the_eager_decode_step(tmp_path):
     between the binder's gather and scatter, grouped like a chunk."""
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", str(config_file(tmp_path, "nemotron_moe")),
-                           "--chunks", "--decode", "3", "--context", "16", "--reps", "1", "--out", str(out)],
+                           "--chunks", "--decode", "3", "--context", "16", "--reps", "1", "--out", str(out),
+                           "--scans", "kernels"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count("== decode batch 3 at 16 tokens, eager: wall ") == 1 and "== prefill" not in done.stdout
+    assert done.stdout.count("== decode batch 3 at 16 tokens, eager, kernel update: wall ") == 1
+    assert "== prefill" not in done.stdout
     (point,) = json.loads((out / "summary.json").read_text())["points"]
-    assert (point["decode"], point["context"]) == (3, 16)
+    assert (point["decode"], point["context"], point["scan"]) == (3, 16, "kernels")
     for g in ("mamba2", "moe.experts", "attention", "state.gather", "state.scatter"):
         assert point["groups"][g]["cpu_ms"] > 0, g
 
