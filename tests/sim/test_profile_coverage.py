@@ -37,7 +37,7 @@ def test_each_check_names_why_a_model_cannot_be_profiled(bench, model, refusal):
 
 def test_the_recurrent_hybrid_is_profiled_and_said_to_be_recurrent(bench):
     """Nemotron-3-Nano (Mamba-2 state) is profiled as the executor runs it,
-    per chunk (its bundled profile, 0f5c394); attention-only models are
+    per chunk (its bundled profile, 5f603e2); attention-only models are
     not recurrent."""
     coverage, _ = bench
     nemotron, gemma = coverage.check("nemotron-3-nano-30b-a3b", "h200"), coverage.check("gemma-3-12b", "h200")
