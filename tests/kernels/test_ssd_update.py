@@ -154,7 +154,9 @@ def test_the_comparisons_catch_a_wrong_rounding_or_group():
 
 def test_model_update_runs_the_reference_off_cuda(monkeypatch):
     state, x, dt, A, B, C, D, bias = mixer_args(SHAPES[1], "cpu")
-    monkeypatch.setattr(update, "kernel_update", lambda *a: pytest.fail("the kernel ran on the CPU"))
+    from unikv.kernels.ssd import update_kernel
+
+    monkeypatch.setattr(update_kernel, "kernel_update", lambda *a: pytest.fail("the kernel ran on the CPU"))
     theirs = state.clone()
     out = update.model_update(state, x, dt, A, B, C, D, bias, True)
     assert torch.equal(out, update.reference_update(theirs, x, dt, A, B, C, D, bias, True))
@@ -213,3 +215,20 @@ def test_the_kernel_replays_in_a_cuda_graph(device):
     want = update.reference_update(theirs, x, dt, A, B, C, D, bias, True, rows)
     torch.testing.assert_close(pool, theirs, rtol=2e-6, atol=1e-6)
     assert_bf16_close(out, want)
+
+
+def test_a_models_cpu_update_never_imports_triton():
+    """`model_update` on CPU tensors runs the reference without importing
+    Triton (a torch-only install runs a recurrent model's CPU decode)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from unikv.kernels.ssd.update import model_update\n"
+            "b, h, p, n, g = 2, 4, 3, 8, 2\n"
+            "out = model_update(torch.zeros(b, h, p, n), torch.randn(b, h, p), torch.rand(b, h, p),\n"
+            "                   -torch.rand(h, p, n), torch.randn(b, g, n), torch.randn(b, g, n))\n"
+            "assert out.shape == (b, h, p) and 'triton' not in sys.modules, sorted(sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"})
+    assert done.returncode == 0, done.stderr[-1500:]

@@ -14,7 +14,8 @@ side effect).
 
 `update` is Mamba-2's one-token decode step (`selective_state_update`) as
 a Triton kernel: `state_update`, `model_update`, `reference_update`,
-exported here on first access (importing `update` imports Triton).
+exported here on first access (its kernel, `update_kernel`, imports
+Triton only where it runs).
 """
 
 from __future__ import annotations
