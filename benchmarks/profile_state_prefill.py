@@ -271,6 +271,18 @@ def scanning(scan: str):
         ssd.kernel_chunk_scan = saved
 
 
+def profiled_report(point: str, got: dict, reps: int, trace: Path | None) -> tuple[str, dict]:
+    """`report` of a `profiling_run`'s result `got`: its groups, host span
+    and top-20 table by self CUDA time (self CPU time on the CPU); the
+    Chrome trace written to `trace` (None: none)."""
+    prof = got["profile"]
+    key = "self_device_time_total" if brd.DEVICE == "cuda" else "self_cpu_time_total"
+    top = prof.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=70)
+    if trace is not None:
+        prof.export_chrome_trace(str(trace))
+    return report(point, got["wall_s"], grouped(prof, reps), forward_host_ms(prof, reps), top)
+
+
 def profile_point(lm, spec, placed, chunk: int, cached: int, reps: int, trace: Path | None,
                   scan: str = "kernels", compiled: bool = False) -> tuple[str, dict]:
     """One prefill point profiled (`state_point` with `profiling_run`),
@@ -281,14 +293,8 @@ def profile_point(lm, spec, placed, chunk: int, cached: int, reps: int, trace: P
     got: dict = {}
     with ranges(lm, mixers=not compiled), scanning(scan):
         pm.state_point(lm, spec, placed, chunk, cached, 0, 0, reps, run=profiling_run(reps, got), compiled=compiled)
-    prof = got["profile"]
-    key = "self_device_time_total" if brd.DEVICE == "cuda" else "self_cpu_time_total"
-    top = prof.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=70)
-    if trace is not None:
-        prof.export_chrome_trace(str(trace))
     how = f"{scan} scan" + (", compiled blocks" if compiled else "")
-    text, summary = report(f"prefill chunk {chunk} over {cached} cached, {how}", got["wall_s"],
-                           grouped(prof, reps), forward_host_ms(prof, reps), top)
+    text, summary = profiled_report(f"prefill chunk {chunk} over {cached} cached, {how}", got, reps, trace)
     summary["scan"] = scan
     summary["compiled"] = compiled
     return text, summary
@@ -306,14 +312,8 @@ def profile_decode(lm, spec, placed, batch: int, context: int, reps: int, trace:
     got: dict = {}
     with ranges(lm), scanning(scan):
         pm.state_point(lm, spec, placed, 0, 0, batch, context, reps, graphs=False, run=profiling_run(reps, got))
-    prof = got["profile"]
-    key = "self_device_time_total" if brd.DEVICE == "cuda" else "self_cpu_time_total"
-    top = prof.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=70)
-    if trace is not None:
-        prof.export_chrome_trace(str(trace))
     update = "kernel update" if scan == "kernels" else "transformers' update"
-    text, summary = report(f"decode batch {batch} at {context} tokens, eager, {update}", got["wall_s"],
-                           grouped(prof, reps), forward_host_ms(prof, reps), top)
+    text, summary = profiled_report(f"decode batch {batch} at {context} tokens, eager, {update}", got, reps, trace)
     summary.update(decode=batch, context=context, scan=scan)
     return text, summary
 

@@ -619,7 +619,7 @@ def packed_graph_summary(executor: RealExecutor) -> dict:
         return {"packed_graph_steps_captured": 0, "packed_graph_steps_uncaptured": 0,
                 "packed_graph_fallbacks": packed, "packed_graph_buckets": [], "packed_graph_captured": [],
                 "packed_graph_capture_failures": {},
-                "packed_graph_off": getattr(executor, "packed_off", None)
+                "packed_graph_off": executor.packed_off
                 or "no packed graphs were built: the packed steps ran uncaptured"}
     s = executor.packed.stats()
     out = {"packed_graph_steps_captured": s["steps_captured"], "packed_graph_steps_uncaptured": s["steps_uncaptured"],

@@ -427,19 +427,9 @@ class DecodeGraphs:
         """The step's state slots as the binder's device index (None without a binder)."""
         if self.binder is None:
             return None
-        import torch
-        from unikv.sim.real.state import PAD_SLOT
+        from unikv.sim.real.state import request_slots
 
-        if state_slots is None:
-            raise ValueError("DecodeGraphs.run: a model with recurrent state: expected the batch's state_slots")
-        host = state_slots if isinstance(state_slots, torch.Tensor) else torch.as_tensor(state_slots)
-        if host.device.type == "cpu" and bool((host == PAD_SLOT).any()):
-            raise ValueError(f"DecodeGraphs.run: state_slots={host.tolist()} hold the padding slot {PAD_SLOT} "
-                             "(the pool's sink); expected the requests' own slots")
-        idx = self.binder.slot_index(host)  # refuses repeated host slots
-        if len(idx) != b:
-            raise ValueError(f"DecodeGraphs.run: {len(idx)} state_slots for a batch of {b}; expected one each")
-        return idx
+        return request_slots(self.binder, state_slots, b, "DecodeGraphs.run")
 
     def _static(self, n: int) -> _Bucket:
         import torch

@@ -139,6 +139,6 @@ def layer_kwargs(kwargs: dict, recurrent: Any, attention: Any, index: int | None
             own = recurrent.layer_idx if index is None else index
             out[name] = LayerCache(cache.layers[own], len(cache.layers))
             chunk = getattr(cache, "unikv_chunk", None)
-            if chunk is not None:  # a padded chunk's length (sim.real.padded_chunk)
+            if chunk is not None:  # a padded chunk's length (sim.real.padded_chunk.carry)
                 out[name].unikv_chunk = chunk
     return out

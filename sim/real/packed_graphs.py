@@ -201,9 +201,7 @@ class PackedGraphs:
         st = self._buckets.get(n) or self._build(n)
         self._fill(st, batch, tokens, b, width)
         if slot is not None:
-            self.slot.copy_(slot, non_blocking=True)
-            self.chunk.length.fill_(tokens)
-            self.chunk.fresh.fill_(bool(fresh))
+            self._set_chunk(slot, tokens, fresh)
         st.steps += 1
         samples = int(batch.sample_rows.numel())
         if st.graph is None:
@@ -212,18 +210,25 @@ class PackedGraphs:
         return st.out[:samples].clone()  # the pool is shared: the next bucket's replay may reuse this memory
 
     def _state_slot(self, state_slots, b: int) -> Any:
-        """The chunk's state slot as the binder's device index `[1]`."""
-        import torch
-        from unikv.sim.real.state import PAD_SLOT
+        """The chunk's state slot as the binder's device index `[1]`
+        (`sim.real.state.request_slots`, as the decode buckets check theirs)."""
+        from unikv.sim.real.state import request_slots
 
-        if b != 1 or state_slots is None:
-            raise ValueError(f"PackedGraphs.run: a model with recurrent state: {b} requests, state_slots "
-                             f"{state_slots!r}; expected one prefill chunk and its state slot")
-        host = state_slots if isinstance(state_slots, torch.Tensor) else torch.as_tensor(state_slots)
-        if host.numel() != 1 or (host.device.type == "cpu" and int(host.reshape(-1)[0]) == PAD_SLOT):
-            raise ValueError(f"PackedGraphs.run: state_slots={host.tolist()}; expected the request's one slot, "
-                             f"not the padding slot {PAD_SLOT}")
-        return self.binder.slot_index(host)
+        if b != 1:
+            raise ValueError(f"PackedGraphs.run: a model with recurrent state: {b} requests; expected one prefill "
+                             "chunk (sim.real.executor.state_plans)")
+        return request_slots(self.binder, state_slots, b, "PackedGraphs.run")
+
+    def _set_chunk(self, slot, tokens: int, fresh: bool) -> None:
+        """The binder's device buffers for the next forward: the state slot
+        (an index `[1]`, or the padding slot as an int), the chunk's real
+        tokens and whether it starts its request."""
+        if isinstance(slot, int):
+            self.slot.fill_(slot)
+        else:
+            self.slot.copy_(slot, non_blocking=True)
+        self.chunk.length.fill_(tokens)
+        self.chunk.fresh.fill_(bool(fresh))
 
     def _static(self, n: int) -> _Packed:
         import torch
@@ -337,9 +342,7 @@ class PackedGraphs:
         if self.binder is not None:  # warm-up and capture: the sink's slot, a first chunk of n tokens
             from unikv.sim.real.state import PAD_SLOT
 
-            self.slot.fill_(PAD_SLOT)
-            self.chunk.length.fill_(n)
-            self.chunk.fresh.fill_(True)
+            self._set_chunk(PAD_SLOT, n, True)
         import torch
 
         if self._pool is None:

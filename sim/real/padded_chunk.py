@@ -180,11 +180,7 @@ def padded_ready(model) -> str | None:
     return None
 
 
-def carry(cache, chunk: ChunkLength | None) -> Any:
-    """`cache` carrying `chunk` (None: carrying none); returns the cache."""
-    if chunk is None:
-        if hasattr(cache, CHUNK_ATTR):
-            delattr(cache, CHUNK_ATTR)
-    else:
-        setattr(cache, CHUNK_ATTR, chunk)
+def carry(cache, chunk: ChunkLength) -> Any:
+    """`cache` carrying `chunk` (as `CHUNK_ATTR`); returns the cache."""
+    setattr(cache, CHUNK_ATTR, chunk)
     return cache

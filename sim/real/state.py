@@ -355,6 +355,29 @@ class StateBinder:
         return idx.to(device)
 
 
+def request_slots(binder: StateBinder, state_slots, b: int, who: str) -> torch.Tensor:
+    """A graph bucket's state slots for the `b` requests of a step: the
+    binder's device index of `state_slots` (`StateBinder.slot_index`).
+
+    Raises:
+        ValueError: one line starting with `who`: no `state_slots`, host
+            slots that hold `PAD_SLOT` (the padding rows' slot) or repeat a
+            slot, or not one slot per request.
+    """
+    import torch
+
+    if state_slots is None:
+        raise ValueError(f"{who}: a model with recurrent state: expected the batch's state_slots")
+    host = state_slots if isinstance(state_slots, torch.Tensor) else torch.as_tensor(state_slots)
+    if host.device.type == "cpu" and bool((host == PAD_SLOT).any()):
+        raise ValueError(f"{who}: state_slots={host.tolist()} hold the padding slot {PAD_SLOT} "
+                         "(the pool's sink); expected the requests' own slots")
+    idx = binder.slot_index(host)  # refuses repeated host slots
+    if len(idx) != b:
+        raise ValueError(f"{who}: {len(idx)} state_slots for a batch of {b}; expected one each")
+    return idx
+
+
 def _drop_attention(layer) -> None:
     """Empty an attention layer of a reused cache, as transformers 5.24's
     `DynamicLayer.reset` does (keys and values dropped, so the next `update`

@@ -39,8 +39,6 @@ from unikv.kernels.launch import runs_triton
 
 OP = "ssd.state_update"
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-MAX_DIM = 256
-"""The largest state size n the kernel's tile holds (`kernel.MAX_DIM`, the scan's)."""
 
 
 def _float(t, name: str, kinds=None) -> None:
@@ -145,7 +143,7 @@ def state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torc
             reference.
     Raises:
         ValueError: one line naming the argument (`check_args`), a state
-            size n above `MAX_DIM` for the kernel, or triton=True where it
+            size n above `kernel.MAX_DIM` for the kernel, or triton=True where it
             cannot run. The state is untouched.
     """
     check_args(state, x, dt, A, B, C, D, dt_bias, state_indices)
@@ -157,8 +155,9 @@ def state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torc
     if runs or triton:
         if not runs:
             raise ValueError(f"{OP}: triton=True but x is on {x.device} and Triton is not interpreted")
-        if B.shape[2] > MAX_DIM:
-            raise ValueError(f"{OP}: B has state size {B.shape[2]} > {MAX_DIM}, the kernel's tile limit")
+        if B.shape[2] > update_kernel.MAX_DIM:
+            raise ValueError(f"{OP}: B has state size {B.shape[2]} > {update_kernel.MAX_DIM}, the kernel's tile "
+                             "limit")
         return update_kernel.kernel_update(state, x, dt, A, B, C, D, dt_bias, dt_softplus, state_indices)
     return reference_update(state, x, dt, A, B, C, D, dt_bias, dt_softplus, state_indices)
 
