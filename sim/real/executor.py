@@ -576,6 +576,8 @@ def executor_summary(config, executor: RealExecutor) -> dict:
         stats = executor.graphs.stats()
         out.update(graph_steps=stats["steps"], graph_buckets=stats["buckets"], graph_captured=stats["captured"],
                    graph_capture_failures={str(k): v for k, v in stats["failures"].items()})
+        if "state" in stats:  # a recurrent model: its decode state updated in slot, or gathered and scattered
+            out["graph_state"] = stats["state"]
         if config.compile_decode:
             out.update(graph_compiled=stats["compiled"],
                        graph_compile_failures={str(k): v for k, v in stats["compile_failures"].items()})

@@ -22,17 +22,25 @@ tests hold that path's tokens equal to the eager executor's.
 
 With a `StateBinder` (a model with recurrent state: Nemotron-H's Mamba-2
 mixers, LFM2's short conv), each bucket also keeps a static slot index
-`[n]` and a transformers cache of `n` rows whose recurrent tensors stay at
-fixed addresses (`StateBinder.static_cache`): views of one store of the
-largest bucket's rows (`capture_buckets` sizes it first), since one step
-runs at a time (Nemotron-3-Nano keeps 47 MiB of state a row). The bucket's forward gathers
-the batch's state from the pool's state slots by that index into the
-cache (`StateBinder.gather`), runs the model with it (the one-token
-Mamba-2 and short-conv paths update it in place) and scatters it back by
-the same index (`StateBinder.scatter`): all three inside the captured
-region, so a page move between steps changes only the index a step
-copies in. Padding rows read and write `PAD_SLOT`, a slot in the pool's
-sink that no request holds (several padding rows writing it is harmless).
+`[n]`, which a step fills with its requests' state slots, and a
+transformers cache. Where every recurrent layer is a Mamba-2 mixer, the
+mixers update the state in the pool's slots (`sim.real.slot_decode`, as
+vLLM's and SGLang's Mamba-2 mixers pass their state indices to the conv
+and the SSM update kernels): the cache carries the index as `DecodeSlots`,
+its recurrent tensors keep one row nobody reads (one store for every
+bucket), and nothing is gathered or scattered. Otherwise (LFM2's short
+conv) the cache holds `n` rows of recurrent state at fixed addresses
+(`StateBinder.static_cache`): views of one store of the largest bucket's
+rows (`capture_buckets` sizes it first), since one step runs at a time
+(Nemotron-3-Nano would keep 47 MiB of state a row). That bucket's forward
+gathers the batch's state from the pool's state slots by the index into
+the cache (`StateBinder.gather`), runs the model with it (the one-token
+paths update it in place) and scatters it back by the same index
+(`StateBinder.scatter`). Either way the index is all a step changes: it
+is read inside the captured region, so a page move between steps changes
+only the index a step copies in. Padding rows read and write `PAD_SLOT`,
+a slot in the pool's sink that no request holds (several padding rows
+writing it is harmless). `stats()["state"]` says which path a model took.
 The cache's attention layers stay empty (`hold_empty`): the pool holds
 their K/V. The step is set with `use_step`, not the forward's keyword,
 since transformers hands that keyword to the Mamba-2 mixer's kernels as
@@ -313,7 +321,8 @@ class DecodeGraphs:
             `mode` ("inductor" and its default mode; "aot_eager" traces and
             functionalises without generating code: a check on the CPU).
         binder: the `StateBinder` of a model with recurrent state (None:
-            none); its buckets gather and scatter the state (module doc).
+            none); its buckets update the state in slot, or gather and
+            scatter it (module doc).
     Raises:
         ValueError: one line: a compile mode that captures CUDA graphs
             itself ("reduce-overhead", "max-autotune": the buckets capture
@@ -344,13 +353,18 @@ class DecodeGraphs:
         self.binder = binder
         self.cache_kwarg = ""
         self._scan: Any = contextlib.nullcontext
+        self.gathers: str | None = None  # with a binder: why the buckets gather and scatter the state (None: in slot)
         if binder is not None:
             from unikv.sim.real.ssd import scan_for
             from unikv.sim.real.state import cache_kwarg
 
+            from unikv.sim.real.slot_decode import slot_ready
+
             self.cache_kwarg = cache_kwarg(model)
             # a Mamba-2 mixer's decode update through unikv's kernel (`sim.real.ssd.state_update`), as eager decode
             self._scan = scan_for(model)
+            self.gathers = slot_ready(model)
+        self.in_slot = binder is not None and self.gathers is None
         self._buckets: dict[int, _Bucket] = {}
         self._store: tuple[int, Any] = (0, None)  # a binder's: (rows, the static cache every bucket's is a view of)
         self.failures: dict[int, str] = {}  # bucket -> why its capture failed
@@ -388,8 +402,8 @@ class DecodeGraphs:
         `max_batch` requests can use, as a serving engine does at start-up,
         so that no capture lands inside a step's measured time."""
         top = self.bucket(max_batch) or self.buckets[-1]
-        if self.binder is not None:
-            self._state_store(top)  # one store of the largest bucket's rows: the smaller ones are views of it
+        if self.binder is not None:  # one store of the largest bucket's rows: the smaller ones are views of it
+            self._state_store(self._state_rows(top))
         for n in self.buckets:
             if n <= top and n not in self._buckets:
                 self._build(n)
@@ -446,10 +460,22 @@ class DecodeGraphs:
             from unikv.sim.real.state import PAD_SLOT
 
             st.slots = torch.full((n,), PAD_SLOT, dtype=torch.int64, device=dev)
-            st.cache = self.binder.static_cache(n, share=self._state_store(n))
+            rows = self._state_rows(n)
+            st.cache = self.binder.static_cache(rows, share=self._state_store(rows))
+            if self.in_slot:  # the mixers read and write the pool's slots by `st.slots`
+                from unikv.sim.real.slot_decode import DecodeSlots, carry
+
+                carry(st.cache, DecodeSlots(st.slots, self.binder.views))
             st.attention = tuple(self.binder.attention_layers(st.cache))
             st.empty = torch.empty(0, dtype=self.model.dtype, device=dev)
         return st
+
+    def _state_rows(self, n: int) -> int:
+        """Rows of state a bucket of `n` keeps in its static cache: `n`
+        where it gathers the batch's state, 1 where its mixers update the
+        slots in place (transformers' model code needs the cache's layers,
+        but no mixer reads them: `sim.real.slot_decode`)."""
+        return 1 if self.in_slot else n
 
     def _state_store(self, n: int) -> Any:
         """The static cache the buckets' caches are views of, grown to `n`
@@ -522,10 +548,16 @@ class DecodeGraphs:
         the state back (all on the device, no host read: the capture
         records the three)."""
         from unikv.sim.real.attention import use_step
+        from unikv.sim.real.mixers import served_mixers
         from unikv.sim.real.state import hold_empty
 
         for layer in st.attention:
             hold_empty(layer, st.empty)
+        if self.in_slot:  # the cache carries `DecodeSlots`: each mixer updates the slots in place
+            with use_step(ctx), served_mixers(self.model):
+                logits = self.model(input_ids=st.ids, position_ids=st.pos, use_cache=True,
+                                    **{self.cache_kwarg: st.cache}).logits
+            return logits[:, -1].argmax(-1)
         self.binder.gather(st.cache, st.slots)
         with use_step(ctx), self._scan():
             logits = self.model(input_ids=st.ids, position_ids=st.pos, use_cache=True,
@@ -617,10 +649,14 @@ class DecodeGraphs:
         """Buckets built, steps run through them, buckets captured as graphs,
         and why a capture failed (bucket -> the error's first line); with
         `compile`: the buckets that run compiled, the seconds of each
-        bucket's compiling forward, and why a compile failed."""
+        bucket's compiling forward, and why a compile failed; with a
+        binder: where the decode updates the state (`state`: "in slot", or
+        why it is gathered and scattered)."""
         out = {"buckets": sorted(self._buckets), "steps": sum(b.steps for b in self._buckets.values()),
                "captured": sorted(n for n, b in self._buckets.items() if b.graph is not None),
                "failures": dict(self.failures)}
+        if self.binder is not None:
+            out["state"] = "in slot" if self.in_slot else f"gathered and scattered: {self.gathers}"
         if self.compile:
             out.update(compiled=sorted(n for n, b in self._buckets.items() if b.compiled),
                        compile_s=dict(self.compile_s), compile_failures=dict(self.compile_failures))

@@ -305,7 +305,8 @@ class PackedGraphs:
         padded path, the state scattered back (module docstring)."""
         import torch
         from unikv.sim.real.attention import use_step
-        from unikv.sim.real.padded_chunk import carry, padded_mixers
+        from unikv.sim.real.mixers import served_mixers
+        from unikv.sim.real.padded_chunk import carry
         from unikv.sim.real.state import hold_empty
 
         def bind():
@@ -314,7 +315,7 @@ class PackedGraphs:
             self.binder.gather(self.cache, self.slot)
             return carry(self.cache, self.chunk)
 
-        with padded_mixers(self.model):
+        with served_mixers(self.model):
             if compiled and self.prefill is not None:
                 out, cache = self.prefill.forward_state(ctx, st.ids, st.pos, st.keep, bind=bind)
             else:

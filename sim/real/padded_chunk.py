@@ -35,20 +35,18 @@ included, is one captured graph:
   state;
 - the gated norm and the out projection are per token.
 
-`padded_mixers(model)` puts `padded_forward` in place of the mixer class's
-forward for a `with` block; it runs only for a cache that carries a
-`ChunkLength` as `unikv_chunk` (the packed bucket's static cache, and the
-`sim.real.hybrid.LayerCache` its compiled blocks get), and transformers'
-own forward otherwise. The state tensors are the cache's (transformers'
-`conv_states[0]`, `d_conv` columns of which the oldest reaches no kept
-output, and `recurrent_states[0]`), updated in place, so the state
-binder's gather before the forward and scatter after it are unchanged.
+Inside `sim.real.mixers.served_mixers(model)` a mixer runs `padded_forward`
+for a cache that carries a `ChunkLength` as `unikv_chunk` (the packed
+bucket's static cache, and the `sim.real.hybrid.LayerCache` its compiled
+blocks get), and transformers' own forward otherwise. The state tensors
+are the cache's (transformers' `conv_states[0]`, `d_conv` columns of which
+the oldest reaches no kept output, and `recurrent_states[0]`), updated in
+place, so the state binder's gather before the forward and scatter after
+it are unchanged.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,16 +68,6 @@ class ChunkLength:
 
     length: Any
     fresh: Any
-
-
-def is_mamba2(module) -> bool:
-    """Whether `module` is a Mamba-2 mixer `padded_forward` runs: transformers'
-    fields of `NemotronHMamba2Mixer` (its projections, conv, norm, scan
-    parameters)."""
-    return all(hasattr(module, f) for f in (
-        "in_proj", "conv1d", "out_proj", "norm", "A_log", "D", "dt_bias", "conv_dim", "conv_kernel_size",
-        "intermediate_size", "num_heads", "head_dim", "n_groups", "ssm_state_size", "chunk_size",
-        "time_step_limit", "activation", "layer_idx"))
 
 
 def padded_forward(mixer, hidden_states, cache, chunk: ChunkLength, attention_mask=None) -> Any:
@@ -136,48 +124,14 @@ def padded_forward(mixer, hidden_states, cache, chunk: ChunkLength, attention_ma
     return m.out_proj(y.to(dtype))
 
 
-@contextlib.contextmanager
-def padded_mixers(model) -> Iterator[None]:
-    """Inside the block, `model`'s Mamba-2 mixers run `padded_forward` for a
-    cache carrying a `ChunkLength` (`CHUNK_ATTR`), transformers' forward
-    for any other call; the class's forward is restored after."""
-    classes = {type(m) for m in model.modules() if is_mamba2(m)}
-    saved = {cls: cls.__dict__.get("forward") for cls in classes}
-    for cls in classes:
-        cls.forward = _dispatch(cls.forward)
-    try:
-        yield
-    finally:
-        for cls, own in saved.items():
-            if own is None:
-                del cls.forward
-            else:
-                cls.forward = own
-
-
-def _dispatch(original):
-    def forward(self, hidden_states, *args, **kwargs):
-        cache = kwargs.get("cache", kwargs.get("cache_params"))
-        chunk = getattr(cache, CHUNK_ATTR, None)
-        if chunk is None or args:
-            return original(self, hidden_states, *args, **kwargs)
-        return padded_forward(self, hidden_states, cache, chunk, kwargs.get("attention_mask"))
-
-    forward.__wrapped__ = original
-    return forward
-
-
 def padded_ready(model) -> str | None:
     """Why `model`'s prefill chunks cannot run padded (None: they can):
     every recurrent layer must be a Mamba-2 mixer `padded_forward` knows
     (a short-conv layer, LFM2's, keeps transformers' unpadded path)."""
-    from unikv.sim.real.state import is_recurrent
+    from unikv.sim.real.mixers import mamba2_only
 
-    other = sorted({type(m).__name__ for m in model.modules() if is_recurrent(m) and not is_mamba2(m)})
-    if other:
-        return (f"recurrent layers {', '.join(other)} have no padded chunk path (only Mamba-2 mixers do: "
-                "sim.real.padded_chunk); their prefill chunks run uncaptured")
-    return None
+    why = mamba2_only(model, "padded chunk path")
+    return None if why is None else f"{why}; their prefill chunks run uncaptured"
 
 
 def carry(cache, chunk: ChunkLength) -> Any:

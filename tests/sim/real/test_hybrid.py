@@ -322,22 +322,46 @@ def test_state_accessors_read_a_cache_without_the_getters_as_transformers_5_17_k
     assert conv_state(cache, 1) is None and recurrent_state(cache, 1) is None
 
 
-def test_decode_buckets_share_one_static_state_store(pool_model):
-    """A hybrid's decode buckets (`DecodeGraphs` with the binder) keep their
-    static caches as views of one store of the largest bucket's rows
-    (sized by `capture_buckets`): one step runs at a time, and a store per
-    bucket would double the state memory (47 MiB a row for
-    Nemotron-3-Nano). Each view has its bucket's rows; the attention
-    layers stay empty."""
+def test_gathering_decode_buckets_share_one_static_state_store(pool_model, monkeypatch):
+    """Decode buckets that gather the batch's state (`DecodeGraphs` with the
+    binder, for a model whose recurrent layers cannot update in slot: LFM2's
+    short conv; forced here) keep their static caches as views of one store
+    of the largest bucket's rows (sized by `capture_buckets`): one step runs
+    at a time, and a store per bucket would double the state memory (47 MiB
+    a row for Nemotron-3-Nano). Each view has its bucket's rows; the
+    attention layers stay empty."""
+    from unikv.sim.real import slot_decode
     from unikv.sim.real.graphs import DecodeGraphs
 
+    monkeypatch.setattr(slot_decode, "slot_ready", lambda model: "forced: the gathering path")
     run = PoolRun(pool_model)
     graphs = DecodeGraphs(pool_model, run.kv, ["full"], device="cpu", max_pages=8, binder=run.binder)
     graphs.capture_buckets(5)
     assert graphs.stats()["buckets"] == [1, 2, 4, 8]
+    assert graphs.stats()["state"] == "gathered and scattered: forced: the gathering path"
     for g in run.binder.layers:
         convs = [conv_state(graphs._buckets[n].cache, g.layer) for n in (1, 2, 4, 8)]
         ssms = [recurrent_state(graphs._buckets[n].cache, g.layer) for n in (1, 2, 4, 8)]
         assert [t.shape[0] for t in convs] == [t.shape[0] for t in ssms] == [1, 2, 4, 8]
         assert len({t.data_ptr() for t in convs}) == len({t.data_ptr() for t in ssms}) == 1
     assert graphs._buckets[8].cache.layers[ATTN].keys is None
+
+
+def test_in_slot_decode_buckets_keep_one_row_of_state_and_carry_their_slot_index(pool_model):
+    """A Mamba-2 model's decode buckets update the state in the pool's slots
+    (`sim.real.slot_decode`): every bucket's cache keeps one row of
+    recurrent state (one store for all of them, not the largest bucket's
+    rows) and carries its own slot index, the buffer a step fills."""
+    from unikv.sim.real.graphs import DecodeGraphs
+    from unikv.sim.real.slot_decode import SLOTS_ATTR
+
+    run = PoolRun(pool_model)
+    graphs = DecodeGraphs(pool_model, run.kv, ["full"], device="cpu", max_pages=8, binder=run.binder)
+    graphs.capture_buckets(5)
+    assert graphs.in_slot and graphs.stats()["state"] == "in slot"
+    for g in run.binder.layers:
+        ssms = [recurrent_state(graphs._buckets[n].cache, g.layer) for n in (1, 2, 4, 8)]
+        assert [t.shape[0] for t in ssms] == [1, 1, 1, 1] and len({t.data_ptr() for t in ssms}) == 1
+    for n, st in graphs._buckets.items():
+        carried = getattr(st.cache, SLOTS_ATTR)
+        assert carried.slots is st.slots and carried.views is run.binder.views and st.slots.shape == (n,)

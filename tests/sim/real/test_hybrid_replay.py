@@ -20,7 +20,8 @@ A control that starts every forward from zero state changes tokens.
 
 With decode graphs (`sim.real.graphs.DecodeGraphs` with the state binder),
 24 requests (16 and more decoding together) run their decoders through the
-buckets, the state gathered and scattered inside each bucket's forward: the
+buckets, the Mamba-2 state updated in its slots (LFM2's short-conv state
+gathered and scattered) inside each bucket's forward: the
 tokens are transformers' again, the padding rows touch no live slot (the
 padding slot poisoned with NaN, every other slot's bytes checked), and the
 bucket forwards read no tensor on the host; on a GPU every bucket is
@@ -391,14 +392,16 @@ GPU = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 def test_decode_graphs_of_a_hybrid_give_transformers_greedy_tokens_and_pad_only_the_sink_slot(
         tmp_path, monkeypatch, one_thread, name, compaction, budget_bytes, device):
     """With `decode_graphs` a hybrid's decoders run through the buckets'
-    static buffers, the state gathered and scattered inside them (captured
-    on CUDA; uncaptured here): every request's tokens equal transformers'
+    static buffers, the Mamba-2 state updated in its slots and LFM2's
+    gathered and scattered inside them (captured on CUDA; uncaptured
+    here): every request's tokens equal transformers'
     greedy `generate` with its own cache (as the eager path's do,
     `test_a_hybrids_replay_...`) with 16 and more requests decoding
     together, steps were padded to their bucket, and no padding row
     touched a live slot (`watch_graph_steps`, the padding slot poisoned
     with NaN before every step). On CUDA every bucket is captured (the
-    gather, the forward and the scatter in one graph) and replayed."""
+    forward, with LFM2 the gather before it and the scatter after, in one
+    graph) and replayed."""
     seen: list[tuple[int, int]] = []
     reads: list[str] = []
     res, ex, retracted_at, _ = replay(tmp_path, monkeypatch, compaction, name=name, budget_gib=budget_bytes / 2**30,
@@ -408,6 +411,8 @@ def test_decode_graphs_of_a_hybrid_give_transformers_greedy_tokens_and_pad_only_
                                       device=device)
     assert res.violations == [] and ex.graphs is not None and "graph_off" not in res.summary
     assert res.summary["graph_steps"] == len(seen) > 0 and res.summary["graph_capture_failures"] == {}
+    # Mamba-2 mixers update their state in the slots (sim.real.slot_decode); LFM2's short conv gathers it
+    assert (res.summary["graph_state"] == "in slot") == (name != "lfm2"), res.summary["graph_state"]
     captured = res.summary["graph_captured"]
     assert captured == (sorted({n for _, n in seen}) if device == "cuda" else [])
     if device == "cpu":  # on CUDA the captured steps replay without Python: only the capture's forward runs it

@@ -24,11 +24,11 @@ if not hasattr(transformers.DynamicCache, "update_conv_state"):
                 allow_module_level=True)
 
 from unikv.sim.real import executor as real_executor  # noqa: E402
+from unikv.sim.real.mixers import served_mixers  # noqa: E402
 from unikv.sim.real.padded_chunk import (  # noqa: E402
     ChunkLength,
     carry,
     padded_forward,
-    padded_mixers,
     padded_ready,
 )
 from unikv.sim.real.ssd import kernel_chunk_scan  # noqa: E402
@@ -78,7 +78,7 @@ def transformers_run(model, m, kwarg, chunks):
 
 def padded_run(model, m, kwarg, chunks, bucket: int, *, poison: float = float("nan"), fresh=None):
     """Each chunk padded with random rows to `bucket` tokens through
-    `padded_mixers`, the cache's state starting as `poison` (a first chunk
+    `served_mixers`, the cache's state starting as `poison` (a first chunk
     must not read it): (outputs at the real rows, conv state, SSM state)."""
     cache = transformers.DynamicCache(config=model.config)
     k = m.conv_kernel_size
@@ -86,7 +86,7 @@ def padded_run(model, m, kwarg, chunks, bucket: int, *, poison: float = float("n
     cache.update_recurrent_state(torch.full((1, m.num_heads, m.head_dim, m.ssm_state_size), poison), m.layer_idx)
     outs = []
     g = torch.Generator().manual_seed(7)
-    with torch.inference_mode(), padded_mixers(model):
+    with torch.inference_mode(), served_mixers(model):
         for i, h in enumerate(chunks):
             n = h.shape[1]
             pad = torch.randn(1, bucket - n, h.shape[2], generator=g)
@@ -149,7 +149,7 @@ def test_outside_a_padded_chunk_transformers_forward_runs_and_the_class_is_resto
     h = chunks_of((5,), model.config.hidden_size)[0]
     with torch.inference_mode():
         want = m(h, **{kwarg: transformers.DynamicCache(config=model.config)})
-        with padded_mixers(model):
+        with served_mixers(model):
             assert cls.forward is not own
             got = m(h, **{kwarg: transformers.DynamicCache(config=model.config)})  # no ChunkLength: transformers'
     assert cls.__dict__["forward"] is own
