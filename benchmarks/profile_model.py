@@ -330,16 +330,20 @@ def _check_packed(packed, compiled: bool, what: str) -> None:
 
 
 def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, context: int, reps: int,
-                graphs: bool = True, run=None, compiled: bool = False, packed_graphs: bool = False) -> list[float]:
+                graphs: bool = True, run=None, compiled: bool = False, packed_graphs: bool = False,
+                capture: bool | None = None) -> list[float]:
     """Seconds of each of `reps` steps of a model with recurrent state, run
     as the real executor runs them (`RealExecutor.launch` / `_forward`): a
     chunk of `chunk` tokens over `cached` cached tokens alone (0: none),
     eager, its state gathered from its pool slot before and scattered back
     after (`StateBinder`); then `decoders` requests at `context` as one
     `[B, 1]` step (0: none) through the bucket's graph (`DecodeGraphs` with
-    the binder: the gather and scatter inside it; captured on CUDA in the
-    first WARMUPS step), or with `graphs` off as one eager forward between
-    the binder's gather and scatter. `run(step, reps)` times the step
+    the binder: a Mamba-2 model's mixers update the state in its slots,
+    `sim.real.slot_decode`, other recurrent layers gather and scatter it
+    inside the graph; captured on CUDA in the first WARMUPS step unless
+    `capture` is False: the bucket's forward then runs eagerly), or with
+    `graphs` off as one eager forward between the binder's gather and
+    scatter. `run(step, reps)` times the step
     (None: `timed`; benchmarks/profile_state_prefill.py profiles it).
     `compiled`: the chunk through the compiled blocks with the binder's
     cache (`CompiledPrefill.forward_state`, as the executor runs it with
@@ -384,7 +388,7 @@ def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, contex
     if decoders and graphs:
         decode = _decode_batch(pool, views, spec, decoders, context)
         graph = DecodeGraphs(lm, views, views.bands, device=brd.DEVICE, max_pages=-(-(context + 64) // PS) + 1,
-                             binder=binder)
+                             binder=binder, capture=capture)
     elif decoders:
         parts.append(_decode_forward(pool, views, spec, decoders, context))
 
@@ -407,7 +411,7 @@ def state_point(lm, spec, placed, chunk: int, cached: int, decoders: int, contex
         _check_packed(packed, compiled, f"prefill {chunk} x {cached}")
     if prefill is not None and prefill.stats()["failure"] is not None:
         raise RuntimeError(f"prefill {chunk} x {cached}: not compiled ({prefill.stats()['failure']})")
-    if graph is not None and brd.DEVICE == "cuda" and not graph.stats()["captured"]:
+    if graph is not None and brd.DEVICE == "cuda" and capture is not False and not graph.stats()["captured"]:
         raise RuntimeError(f"decode batch {decoders}: the graph was not captured ({graph.stats()['failures']})")
     return times
 

@@ -38,10 +38,12 @@ executor does with --compile-prefill: `CompiledPrefill.forward_state`);
 the kernels are then grouped only as the forward, the state's gather and
 scatter, and `other` (a compiled block is one graph: no mixer ranges).
 `--decode B ...` adds decode points: B requests at `--context` tokens,
-one eager `[B, 1]` forward between the binder's gather and scatter (the
-decode graphs replay the same kernels without module ranges), once per
-`--scans` entry but einsum: "kernels" updates a Mamba-2 state with unikv's
-kernel (the executor's), "transformers" with transformers' own function.
+one eager `[B, 1]` forward (the decode graphs replay the same kernels
+without module ranges), once per `--scans` entry but einsum: "kernels" as
+the executor's decode bucket runs it, uncaptured: the Mamba-2 mixers
+update the state in its pool slots with unikv's kernel
+(`sim.real.slot_decode`); "transformers" between the binder's gather and
+scatter, the state updated with transformers' own function.
 
     python benchmarks/profile_state_prefill.py --out results/real/h200/hybrid_prefill --trace
 """
@@ -303,16 +305,19 @@ def profile_point(lm, spec, placed, chunk: int, cached: int, reps: int, trace: P
 def profile_decode(lm, spec, placed, batch: int, context: int, reps: int, trace: Path | None,
                    scan: str = "kernels") -> tuple[str, dict]:
     """One decode point profiled: `batch` requests at `context` tokens
-    decoding one token each, as one eager `[B, 1]` forward between the
-    binder's gather and scatter (`state_point(graphs=False)`: the decode
-    graphs replay the same kernels, but a replay's kernels carry no
-    module ranges to group them by). `scan` "kernels": a Mamba-2 mixer's
-    state update through unikv's kernel (the executor's,
-    `sim.real.ssd.state_update`); otherwise transformers' own."""
+    decoding one token each, as one eager `[B, 1]` forward (a captured
+    replay's kernels carry no module ranges to group them by). `scan`
+    "kernels": the executor's decode bucket uncaptured
+    (`state_point(capture=False)`): the Mamba-2 mixers update the state in
+    its slots with unikv's kernel (`sim.real.slot_decode`); otherwise
+    between the binder's gather and scatter (`state_point(graphs=False)`)
+    with transformers' own update."""
     got: dict = {}
+    kernels = scan == "kernels"
     with ranges(lm), scanning(scan):
-        pm.state_point(lm, spec, placed, 0, 0, batch, context, reps, graphs=False, run=profiling_run(reps, got))
-    update = "kernel update" if scan == "kernels" else "transformers' update"
+        pm.state_point(lm, spec, placed, 0, 0, batch, context, reps, graphs=kernels, capture=False,
+                       run=profiling_run(reps, got))
+    update = "kernel update in slot" if kernels else "transformers' update, gathered and scattered"
     text, summary = profiled_report(f"decode batch {batch} at {context} tokens, eager, {update}", got, reps, trace)
     summary.update(decode=batch, context=context, scan=scan)
     return text, summary

@@ -33,7 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"gemma-3-12b": ROOT / "benchmarks/configs/gemma-3-12b-text_config.json",
-          "gpt-oss-20b": ROOT / "tests/data/configs/openai--gpt-oss-20b_config.json"}
+          "gpt-oss-20b": ROOT / "tests/data/configs/openai--gpt-oss-20b_config.json",
+          "nemotron-3-nano-30b-a3b": ROOT / "tests/data/configs/nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16_config.json"}
 """The bundled model name the cost replay uses (its profile) -> the config.json the GPU builds."""
 TRACES = {"azure_conv": dict(trace="azure_conv", max_requests=64, rate_scale=4.0, max_context_tokens=4096,
                              kv_budget_gib=12.0),

@@ -355,10 +355,9 @@ class DecodeGraphs:
         self._scan: Any = contextlib.nullcontext
         self.gathers: str | None = None  # with a binder: why the buckets gather and scatter the state (None: in slot)
         if binder is not None:
+            from unikv.sim.real.slot_decode import slot_ready
             from unikv.sim.real.ssd import scan_for
             from unikv.sim.real.state import cache_kwarg
-
-            from unikv.sim.real.slot_decode import slot_ready
 
             self.cache_kwarg = cache_kwarg(model)
             # a Mamba-2 mixer's decode update through unikv's kernel (`sim.real.ssd.state_update`), as eager decode

@@ -71,20 +71,28 @@ def test_everything_is_packed_into_one_archive(smoke):
 
 
 def test_a_decode_point_groups_the_eager_decode_step(tmp_path):
-    """--decode: a [B, 1] step of B requests at --context tokens, eager
-    between the binder's gather and scatter, grouped like a chunk."""
+    """--decode: a [B, 1] step of B requests at --context tokens, grouped
+    like a chunk: with the kernels as the executor's bucket runs it (the
+    Mamba-2 state updated in its slots: no gather or scatter), with
+    transformers' update between the binder's gather and scatter."""
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", str(config_file(tmp_path, "nemotron_moe")),
                            "--chunks", "--decode", "3", "--context", "16", "--reps", "1", "--out", str(out),
-                           "--scans", "kernels"],
+                           "--scans", "kernels", "transformers"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count("== decode batch 3 at 16 tokens, eager, kernel update: wall ") == 1
+    assert done.stdout.count("== decode batch 3 at 16 tokens, eager, kernel update in slot: wall ") == 1
+    assert done.stdout.count("== decode batch 3 at 16 tokens, eager, transformers' update, gathered and "
+                             "scattered: wall ") == 1
     assert "== prefill" not in done.stdout
-    (point,) = json.loads((out / "summary.json").read_text())["points"]
-    assert (point["decode"], point["context"], point["scan"]) == (3, 16, "kernels")
-    for g in ("mamba2", "moe.experts", "attention", "state.gather", "state.scatter"):
-        assert point["groups"][g]["cpu_ms"] > 0, g
+    slot, gathered = json.loads((out / "summary.json").read_text())["points"]
+    assert [(p["decode"], p["context"], p["scan"]) for p in (slot, gathered)] == [(3, 16, "kernels"),
+                                                                                  (3, 16, "transformers")]
+    for g in ("mamba2", "moe.experts", "attention"):
+        assert slot["groups"][g]["cpu_ms"] > 0 and gathered["groups"][g]["cpu_ms"] > 0, g
+    for g in ("state.gather", "state.scatter"):
+        assert slot["groups"].get(g, {"cpu_ms": 0})["cpu_ms"] == 0, g
+        assert gathered["groups"][g]["cpu_ms"] > 0, g
 
 
 @pytest.mark.parametrize("argv, says", [
