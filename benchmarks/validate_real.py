@@ -43,6 +43,11 @@ TRACES = {"azure_conv": dict(trace="azure_conv", max_requests=64, rate_scale=4.0
           "mooncake_conversation": dict(trace="mooncake_conversation", max_requests=24, rate_scale=2.0,
                                         max_context_tokens=16384, kv_budget_gib=16.0)}
 """Each trace's slice: the first requests of the bundled sample, sped up, clipped, at a KV budget."""
+NO_PREFIX_CACHE = {"nemotron-3-nano-30b-a3b"}
+"""Models whose cells run without the prefix cache, in both runs: the real
+executor keeps one state slot per request, not the state at each cached
+block's end, so it refuses a prefix hit for a model with recurrent state
+(`sim.real.executor`, prefix_cache)."""
 LAYOUTS = ("end_end", "sglang")
 PLAN_COLUMNS = ("prefill_tokens", "decode_tokens", "admitted", "finished", "retracted")
 METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_mean_s", "throughput_tok_s", "mean_running", "retractions")
@@ -59,10 +64,12 @@ def config(model: str, trace: str, layout: str, executor: str, compiled: bool = 
     steps with compiled layers, --compiled; `graphs`: prefill / mixed steps
     through the token buckets' CUDA graphs, --prefill-graphs) or the cost
     model on the CPU."""
-    from unikv.sim.config import RunConfig
+    from unikv.sim.config import RunConfig, SchedulerConfig
 
     common = dict(TRACES[trace], trace_end_s=None, layout=layout, compaction="lazy", oversize="reject",
                   kv_cache_dtype="bf16", gpu="h200", seed=0)
+    if model in NO_PREFIX_CACHE:
+        common["scheduler"] = SchedulerConfig(prefix_cache=False)
     if executor == "real":
         return RunConfig(model=str(MODELS[model]), executor="real", device="cuda", dtype="bf16",
                          decode_graphs=True, compile_decode=compiled, compile_prefill=compiled,
