@@ -587,7 +587,8 @@ STATE_METHOD = ("real executor forwards as it runs a model with recurrent state:
                 "eager, its state gathered from its pool slot before and scattered back after: StateBinder; a "
                 "Mamba-2 mixer's chunked scan through unikv's Triton SSD kernels, sim.real.ssd), the "
                 "decoders as one [B, 1] step through the bucket's CUDA graph (DecodeGraphs with the StateBinder: "
-                "the gather from the requests' pool slots and the scatter back captured inside it), inside the timed "
+                "Mamba-2 mixers update the state in the requests' pool slots, sim.real.slot_decode; other recurrent "
+                "layers' state gathered from the slots and scattered back inside the graph), inside the timed "
                 "span; median of reps after a warm-up, CUDA events")
 STATE_EAGER_METHOD = ("real executor forwards as it runs a model with recurrent state: each prefill chunk alone "
                       "(packed eager; a Mamba-2 mixer's chunked scan through unikv's Triton SSD kernels, sim.real.ssd), the "
