@@ -78,17 +78,24 @@ def state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_sof
     state updated in place, the same output up to rounding) through
     `unikv.kernels.ssd.update.model_update`: one Triton kernel on CUDA (as
     engines update a decode token's state, reading and writing each
-    state row once), its torch reference elsewhere. Nemotron-H's mixer
+    state row once), its torch reference elsewhere. Inside a
+    `torch.compile` trace (a compiled prefill chunk of one token takes
+    this path) it is the operator `unikv::ssd_state_update`
+    (`unikv.kernels.ssd.update.update_op`). Nemotron-H's mixer
     passes `z=None` (its gate goes to the norm); a gate here is refused.
 
     Raises:
         ValueError: `z` given (transformers' function would gate the output).
     """
+    import torch
+
     from unikv.kernels.ssd.update import model_update
 
     if z is not None:
         raise ValueError("state_update: z (an output gate) given; Nemotron-H's mixer gates in its norm and passes "
                          "z=None, the only call this replaces")
+    if torch.compiler.is_compiling():  # registered before any trace (`kernel_chunk_scan`)
+        return torch.ops.unikv.ssd_state_update(state, hidden_states, dt, A, B, C, D, dt_bias, bool(dt_softplus))
     return model_update(state, hidden_states, dt, A, B, C, D, dt_bias, bool(dt_softplus))
 
 
@@ -137,11 +144,13 @@ def swap_chunk_scan(scan, update=None) -> Iterator[None]:
 def kernel_chunk_scan():
     """`swap_chunk_scan(chunk_scan, state_update)`: the scan's and the
     decode update's kernels on CUDA (the executor's). Registers the
-    operator `chunk_scan` calls inside a compiled trace first (dynamo
-    cannot trace the registration)."""
+    operators `chunk_scan` and `state_update` call inside a compiled trace
+    first (dynamo cannot trace the registration)."""
     from unikv.kernels.ssd import scan_op
+    from unikv.kernels.ssd.update import update_op
 
     scan_op()
+    update_op()
     return swap_chunk_scan(chunk_scan, state_update)
 
 

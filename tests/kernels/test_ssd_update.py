@@ -232,3 +232,28 @@ def test_a_models_cpu_update_never_imports_triton():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"})
     assert done.returncode == 0, done.stderr[-1500:]
+
+
+@pytest.mark.gpu
+def test_a_compiled_forward_updates_through_the_operator_in_one_graph(device):
+    """Inside `torch.compile` (fullgraph: no graph break) the model's update
+    (`sim.real.ssd.state_update`, as a compiled one-token prefill chunk of
+    Nemotron-H calls it) is the operator `unikv::ssd_state_update`: the
+    same output and state as the eager call (dynamo never sees the Triton
+    launch, which it cannot trace: "TritonKernelVariable() has no type")."""
+    from unikv.sim.real.ssd import state_update
+
+    update.update_op()  # as `kernel_chunk_scan` registers it, before any trace
+    torch._dynamo.reset()
+    state, x, dt, A, B, C, D, bias = mixer_args(SHAPES[0], device)
+    ours, theirs = state.clone(), state.clone()
+
+    def step(state, x, dt, A, B, C, D, bias):
+        return state_update(state, x * 1.5, dt, A, B, C, D=D, dt_bias=bias, dt_softplus=True) + 1.0
+
+    compiled = torch.compile(step, backend="inductor" if device.type == "cuda" else "aot_eager", fullgraph=True)
+    got = compiled(ours, x, dt, A, B, C, D, bias)
+    want = update.model_update(theirs, x * 1.5, dt, A, B, C, D, bias, True) + 1.0
+    assert_bf16_close(got, want)
+    torch.testing.assert_close(ours, theirs, rtol=2e-6, atol=1e-6)
+    assert not torch.equal(ours, state)  # the state was updated in place

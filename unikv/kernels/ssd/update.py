@@ -32,6 +32,8 @@ the kernel (`update_kernel`) is imported where it runs.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -170,3 +172,29 @@ def model_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torc
     `unikv.kernels.ssd.model_scan`)."""
     return state_update(state, x, dt, A, B, C, D, dt_bias, dt_softplus, state_indices,
                         triton=None if x.is_cuda else False)
+
+
+UPDATE_OP = "unikv::ssd_state_update"
+
+
+@functools.cache
+def update_op():
+    """`torch.ops.unikv.ssd_state_update`, registered on the first call:
+    (state, x, dt, A, B, C, D?, dt_bias?, dt_softplus) -> out, `model_update`
+    with `state` updated in place (declared mutated). A compiled forward
+    calls it (`sim.real.ssd.state_update`) so that dynamo never traces the
+    Triton launch (it cannot: a Triton kernel object passed to a Python
+    function has no type it knows) and the update stays one kernel.
+    Registered outside any trace (dynamo cannot trace the registration)."""
+
+    @torch.library.custom_op(UPDATE_OP, mutates_args=("state",))
+    def ssd_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                         C: torch.Tensor, D: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                         dt_softplus: bool) -> torch.Tensor:
+        return model_update(state, x, dt, A, B, C, D, dt_bias, dt_softplus).contiguous()
+
+    @ssd_state_update.register_fake
+    def _(state, x, dt, A, B, C, D, dt_bias, dt_softplus):
+        return x.new_empty(x.shape)
+
+    return torch.ops.unikv.ssd_state_update
