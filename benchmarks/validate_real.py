@@ -74,20 +74,9 @@ def config(model: str, trace: str, layout: str, executor: str, compiled: bool = 
         return RunConfig(model=str(MODELS[model]), executor="real", device="cuda", dtype="bf16",
                          decode_graphs=True, compile_decode=compiled, compile_prefill=compiled,
                          prefill_graphs=graphs, real_clock="measured", **common)
-    return RunConfig(model=cost_model(model), **common)
-
-
-def cost_model(model: str) -> str:
-    """What the cost run loads for `model`: its config.json, as the real run
-    reads it, where the file names the bundled model (so the run still
-    finds its profile): a declared state dtype (Nemotron-3-Nano's fp32
-    `mamba_ssm_cache_dtype`) then sizes the state band as the real pool's,
-    where the bundled entry keeps bf16 state. Otherwise the bundled name
-    (gemma-3-12b's text-only config names no bundled model)."""
-    from unikv.sim.models import load_model
-
-    path = str(MODELS[model])
-    return path if load_model(path).name == model else model
+    # The bundled name: its spec equals the one the real run parses from the config (state
+    # dtypes included, sim.models), and it finds the model's profile.
+    return RunConfig(model=model, **common)
 
 
 def memoize_builds() -> None:

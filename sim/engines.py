@@ -78,7 +78,12 @@ def rules(scheduler, layout: str) -> EngineRules:
     default). vllm: one slot (one block per mamba group and request,
     `mamba_cache_mode="none"`: vllm/v1/core/single_type_kv_cache_manager.py
     `MambaManager`), state in the model dtype (`mamba_ssm_cache_dtype="auto"`).
-    None: one slot, bf16 state. An explicit
+    None: one slot, bf16 state. Under every engine a config's declared SSM
+    dtype wins (`sim.models.load_model`), as vLLM's per-model hooks resolve
+    "auto" for NemotronH (the config's value, float32 when silent) and
+    Qwen3.5 (vllm/model_executor/models/config.py
+    `NemotronHForCausalLMConfig`, `Qwen3_5ForConditionalGenerationConfig`).
+    An explicit
     `state_slots_per_request` replaces the engine's count.
 
     vllm: `mamba_cache_mode` is `scheduler.mamba_cache_mode`, else vLLM's

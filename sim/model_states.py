@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from unikv.sim.model_configs import ConfigReader
 
 # Values a config's declared SSM-state dtype field takes, as state element dtypes.
-_DECLARED = {"float32": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": "bf16",
+DECLARED_SSM_DTYPES = {"float32": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": "bf16",
              "float16": "fp16", "fp16": "fp16"}
 SSM_DTYPE_FIELDS = ("mamba_ssm_cache_dtype", "mamba_ssm_dtype", "ssm_state_dtype")
 
@@ -37,9 +37,9 @@ def state_dtypes(c: ConfigReader, default: tuple[str, str]) -> tuple[str, str]:
     if key is None:
         return default
     value = c.config[key]
-    if value not in _DECLARED:
-        raise ValueError(f"config {c.name!r}: {key}={value!r} is not one of {sorted(_DECLARED)}")
-    return default[0], _DECLARED[value]
+    if value not in DECLARED_SSM_DTYPES:
+        raise ValueError(f"config {c.name!r}: {key}={value!r} is not one of {sorted(DECLARED_SSM_DTYPES)}")
+    return default[0], DECLARED_SSM_DTYPES[value]
 
 
 def state_kind(c: ConfigReader, layers: int, dtypes: tuple[str, str]) -> StateKind:

@@ -29,6 +29,7 @@ from unikv.sim.model_spec import (
     check_kv_cache_dtype,
     kv_token_bytes,
 )
+from unikv.sim.model_states import DECLARED_SSM_DTYPES
 from unikv.sim.model_weights import checkpoint_weight_bytes
 from unikv.sim.params import count_params
 
@@ -116,6 +117,9 @@ def _from_entry(entry: dict, params: dict, state_dtype: str, kv_cache_dtype: str
                   dtype=kv_cache_dtype)
         for pool, kind in _ENTRY_TOKEN_KINDS.items() if by_type.get(pool))
     dtypes = ("bf16", "fp32") if state_dtype == "fp32_ssm" else ("bf16", "bf16")
+    declared = _declared_ssm_dtype(entry)
+    if declared is not None:
+        dtypes = (dtypes[0], declared)
     states: tuple[StateKind, ...] = ()
     if "state" in entry:
         st = entry["state"]
@@ -129,6 +133,25 @@ def _from_entry(entry: dict, params: dict, state_dtype: str, kv_cache_dtype: str
         meta_tokens=entry.get("meta_tokens", 0), architecture=entry.get("architecture"),
         model_type=entry.get("model_type"), kv_cache_dtype=kv_cache_dtype,
         sources=sources | _param_sources(params), **_param_fields(params), **_compute_fields(entry["id"]))
+
+
+def _declared_ssm_dtype(entry: dict) -> str | None:
+    """The SSM-state element dtype a bundled model's config.json declares, or None.
+
+    models.json records it as `state.config_declared_ssm_state_dtype`, the
+    value first ("float32 (mamba_ssm_cache_dtype)"; a NemotronH config that
+    leaves the field to transformers' default records that default). The
+    parser gives the config the same dtype (`model_states.state_dtypes`), so a
+    bundled name and its config.json size the state alike.
+    """
+    recorded = entry.get("state", {}).get("config_declared_ssm_state_dtype")
+    if recorded is None:
+        return None
+    value = recorded.split()[0]
+    if value not in DECLARED_SSM_DTYPES:
+        raise ValueError(f"models.json, model {entry['id']!r}: config_declared_ssm_state_dtype={recorded!r} "
+                         f"does not start with one of {sorted(DECLARED_SSM_DTYPES)}")
+    return DECLARED_SSM_DTYPES[value]
 
 
 def _entry_kv_bytes(name: str, pool: str, geometry: dict, kv_cache_dtype: str) -> int:

@@ -18,6 +18,12 @@ def _entries() -> dict:
     return {m["id"]: m for m in json.loads((DATA / "models.json").read_text())["models"]}
 
 
+def _declared_dtype(entry: dict, state_dtype: str) -> str:
+    """The state dtype a model gets: its config's declared SSM dtype wins over the caller's."""
+    declared = entry.get("state", {}).get("config_declared_ssm_state_dtype", "")
+    return "fp32_ssm" if declared.startswith("float32") else state_dtype
+
+
 def _expected(entry: dict, state_dtype: str) -> tuple:
     per_token, state = entry["per_token_kv_bytes"], entry["per_request_state_bytes"]
     key = "mamba_if_ssm_fp32" if state_dtype == "fp32_ssm" else "mamba"
@@ -33,10 +39,9 @@ def _expected(entry: dict, state_dtype: str) -> tuple:
 def test_parser_reproduces_models_json(path, state_dtype):
     spec = load_model(path, state_dtype=state_dtype)
     entry = _entries()[spec.name]  # the file name maps to its bundled model
-    # A config that declares its SSM-state dtype (Qwen3.5, Nemotron-3-Nano: float32) gets it
-    # whatever the caller's default.
-    declared = entry.get("state", {}).get("config_declared_ssm_state_dtype", "")
-    expected_dtype = "fp32_ssm" if declared.startswith("float32") else state_dtype
+    # A config that declares its SSM-state dtype (Qwen3.5, Nemotron-3-Nano: float32), or leaves
+    # it to transformers' default (NemotronH: float32), gets it whatever the caller's default.
+    expected_dtype = _declared_dtype(entry, state_dtype)
     assert (spec.full_token_bytes, spec.swa_token_bytes, spec.state_bytes) == \
         _expected(entry, expected_dtype)
     assert spec.state_dtype == expected_dtype
@@ -69,11 +74,33 @@ def test_path_matching_a_bundled_config_gets_its_name_and_params(tmp_path):
 def test_every_bundled_model_loads_with_sizes(name):
     bf16, fp32 = load_model(name), load_model(name, state_dtype="fp32_ssm")
     entry = _entries()[name]
-    assert (bf16.full_token_bytes, bf16.swa_token_bytes, bf16.state_bytes) == _expected(entry, "bf16")
+    assert (bf16.full_token_bytes, bf16.swa_token_bytes, bf16.state_bytes) == \
+        _expected(entry, _declared_dtype(entry, "bf16"))
+    assert bf16.state_dtype == _declared_dtype(entry, "bf16")
     assert fp32.state_bytes >= bf16.state_bytes
     assert bf16.params_total >= bf16.params_active > 0 and bf16.weight_bytes > 0
     assert bf16.kinds and set(bf16.kinds) <= {"mamba", "swa", "full"}
     assert any(k.startswith("params.") for k in bf16.sources)
+
+
+BUNDLED_COPIES = Path(__file__).resolve().parents[1] / "data" / "configs"
+
+
+@pytest.mark.parametrize("state_dtype", ["bf16", "fp32_ssm"])
+@pytest.mark.parametrize("stem", ["nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "nvidia--Nemotron-H-56B-Base-8K",
+                                  "Qwen--Qwen3.5-397B-A17B", "Qwen--Qwen3-Next-80B-A3B-Thinking"])
+def test_a_bundled_name_and_its_config_size_the_state_alike(stem, state_dtype):
+    # vLLM resolves mamba_ssm_cache_dtype="auto" to the config's value for NemotronH (float32 when
+    # the file is silent) and Qwen3.5 (vllm/model_executor/models/config.py
+    # NemotronHForCausalLMConfig, Qwen3_5ForConditionalGenerationConfig); Qwen3-Next keeps the
+    # caller's default. The name and the file must agree under either default.
+    parsed = load_model(BUNDLED_COPIES / f"{stem}_config.json", state_dtype=state_dtype)
+    named = load_model(parsed.name, state_dtype=state_dtype)
+    assert parsed.name in list_models()
+    assert (named.state_bytes, named.state_dtype, named.ssm_state_dtype) == \
+        (parsed.state_bytes, parsed.state_dtype, parsed.ssm_state_dtype)
+    fixed = "Qwen3-Next" not in stem
+    assert (named.ssm_state_dtype == "fp32") == (fixed or state_dtype == "fp32_ssm")
 
 
 def test_params_json_covers_every_model_with_a_source_and_a_verification():

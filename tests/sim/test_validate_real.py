@@ -40,3 +40,25 @@ def test_decode_steps_are_compared_batch_by_batch():
     cells = validate.batch_line("cell", real, cost).strip("| ").split(" | ")
     assert cells[0] == "cell" and len(cells) == 1 + len(validate.BATCHES)
     assert cells[1:5] == ["11.0 / 9.0", "-", "21.0 / 21.0", "-"]  # batch 3's mixed step is not a decode step
+
+
+def test_the_cost_run_sizes_memory_as_the_real_run_does():
+    # The cost run loads the bundled name (its profile is keyed by it), the real run the
+    # config.json: every field but the sources agrees where the file is the bundled model's
+    # own, Nemotron-3-Nano's declared fp32 SSM state included (49,082,368 bytes a request).
+    import dataclasses
+
+    from unikv.sim.models import load_model
+
+    compared = 0
+    for name, path in validate.MODELS.items():
+        parsed = load_model(str(path))
+        if parsed.name != name:  # gemma-3-12b: a text-only config naming no bundled model
+            continue
+        cost = load_model(validate.config(name, "azure_conv", "vllm", "cost").model)
+        a, b = dataclasses.asdict(cost), dataclasses.asdict(parsed)
+        assert {k for k in a if a[k] != b[k]} <= {"sources"}, name
+        compared += 1
+        if name == "nemotron-3-nano-30b-a3b":
+            assert cost.state_bytes == 49_082_368 and cost.ssm_state_dtype == "fp32"
+    assert compared >= 2
