@@ -43,6 +43,32 @@ def test_granite_block_size_and_padding_as_vllm_logs_them():
     assert (groups.group_layers, dict(groups.groups)) == (4, {"mamba": 9, "full": 1})
 
 
+# nvidia/NVIDIA-Nemotron-Nano-9B-v2's geometry (its config.json): 56 layers, 4 of them attention.
+NANO_9B_V2 = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 131072,
+              "hidden_size": 4480, "intermediate_size": 15680, "num_hidden_layers": 56,
+              "hybrid_override_pattern": "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-",
+              "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128, "mamba_num_heads": 128,
+              "mamba_head_dim": 80, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4, "expand": 2,
+              "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
+
+
+def test_nemotron_h_block_size_follows_the_ssm_state_dtype_vllm_keeps():
+    # vllm-project/vllm#24280 (2025-09): "large attention page sizes (672 tokens for
+    # nvidia/NVIDIA-Nemotron-Nano-9B-v2)", when vLLM kept the state in the model dtype
+    # ("auto"): 16 x cdiv(3 x 12,288 x 2 + 128 x 80 x 128 x 2, 16 x 4,096) = 672. Since
+    # vllm#29978 NemotronH takes the config's mamba_ssm_cache_dtype, and since vllm#39032 float32
+    # where the config is silent (NemotronHConfig's own default): the SSM half doubles, 1,312.
+    from unikv.sim.hf_config import with_defaults
+    from unikv.sim.models import parse_config
+
+    auto = parse_config(with_defaults({**NANO_9B_V2, "mamba_ssm_cache_dtype": "auto"}), name="nano-9b-v2")
+    assert (auto.state_layers, auto.full_layers, auto.ssm_state_dtype) == (27, 4, "bf16")
+    assert vllm_groups(auto, 16).block_tokens == 672
+    silent = parse_config(with_defaults(NANO_9B_V2), name="nano-9b-v2")
+    assert silent.ssm_state_dtype == "fp32"
+    assert vllm_groups(silent, 16).block_tokens == 1312
+
+
 def test_a_configured_block_larger_than_the_state_needs_is_kept():
     assert vllm_groups(load_model("granite-4.0-h-small"), 1024).block_tokens == 1024
 
