@@ -96,18 +96,52 @@ def memoize_builds() -> None:
     real_model.build_model = cached
 
 
-def run_real(out: Path, selected, compiled: bool = False, graphs: bool = False) -> int:
+def warm_pass(model: str, selected, compiled: bool, graphs: bool) -> None:
+    """One unmeasured replay of each of `model`'s selected trace slices
+    (its first selected layout), its results dropped, before the model's
+    measured cells: the process then holds every compiled graph and every
+    Triton specialization those slices need, as an engine that has served
+    for a while does. Without it the first steps of a new shape paid
+    them on the clock: Nemotron-3-Nano's first cells had steps of 2-3.4 s
+    (its Triton kernels compiling for an integer argument's new
+    specialization, 1, a multiple of 16 or neither) where the same step
+    took 0.21 s once warm. Prints each pass's slowest step."""
+    import gc
+
+    import torch
+    from unikv.sim.run import run
+
+    done: set[str] = set()
+    for m, trace, layout in selected:
+        if m != model or trace in done:
+            continue
+        done.add(trace)
+        t0 = time.perf_counter()
+        result = run(config(model, trace, layout, "real", compiled, graphs))
+        steps = result.steps["step_time_s"]
+        print(f"warm-up pass {model}__{trace}__{layout}: {len(steps)} steps, slowest {steps.max():.3f} s, "
+              f"{int((steps > 1.0).sum())} over 1 s, wall {time.perf_counter() - t0:.1f} s (dropped)", flush=True)
+        del result
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def run_real(out: Path, selected, compiled: bool = False, graphs: bool = False, warm: bool = True) -> int:
     import gc
 
     import torch
     from unikv.sim.run import run, write_run
 
     memoize_builds()
+    warmed: set[str] = set()
     for model, trace, layout in selected:
         dest = out / "real" / f"{model}__{trace}__{layout}"
         if (dest / "summary.json").exists():
             print(f"{dest.name}: done before, kept", flush=True)
             continue
+        if warm and model not in warmed:
+            warm_pass(model, selected, compiled, graphs)
+            warmed.add(model)
         t0 = time.perf_counter()
         result = run(config(model, trace, layout, "real", compiled, graphs))
         write_run(result, dest, fmt="csv")
@@ -346,10 +380,15 @@ def main(argv=None) -> int:
                          "compile_prefill)")
     ap.add_argument("--prefill-graphs", action="store_true",
                     help="real: prefill / mixed steps through the token buckets' CUDA graphs (prefill_graphs)")
+    ap.add_argument("--no-warm-pass", dest="warm", action="store_false",
+                    help="real: measure each model's cells without the unmeasured replay of its slices first "
+                         "(warm_pass)")
     args = ap.parse_args(argv)
     selected = cells(args.models, args.traces, args.layouts)
     args.out.mkdir(parents=True, exist_ok=True)
-    return run_real(args.out, selected, args.compiled, args.prefill_graphs) if args.mode == "real" else run_compare(args.out, selected)
+    if args.mode == "real":
+        return run_real(args.out, selected, args.compiled, args.prefill_graphs, args.warm)
+    return run_compare(args.out, selected)
 
 
 if __name__ == "__main__":

@@ -62,3 +62,34 @@ def test_the_cost_run_sizes_memory_as_the_real_run_does():
         if name == "nemotron-3-nano-30b-a3b":
             assert cost.state_bytes == 49_082_368 and cost.ssm_state_dtype == "fp32"
     assert compared >= 2
+
+
+def test_each_model_is_warmed_once_over_its_slices_before_its_measured_cells(tmp_path, monkeypatch):
+    import types
+
+    import unikv.sim.run as sim_run
+
+    calls = []
+
+    def fake_run(cfg):
+        calls.append((cfg.model, cfg.trace, cfg.layout))
+        steps = pd.DataFrame({"step_time_s": [0.01, 2.5]})
+        summary = {"steps": 2, "graph_steps": 2, "finished": 1, "ttft_p50_s": 0.1, "tpot_mean_s": 0.01}
+        return types.SimpleNamespace(steps=steps, summary=summary)
+
+    monkeypatch.setattr(sim_run, "run", fake_run)
+    monkeypatch.setattr(sim_run, "write_run", lambda result, dest, fmt: (dest / "summary.json").parent.mkdir(
+        parents=True, exist_ok=True) or (dest / "summary.json").write_text("{}"))
+    monkeypatch.setattr(validate, "memoize_builds", lambda: None)
+    monkeypatch.setattr(validate, "config", lambda model, trace, layout, executor, *a: types.SimpleNamespace(
+        model=model, trace=trace, layout=layout))
+    selected = validate.cells(["gpt-oss-20b", "nemotron-3-nano-30b-a3b"], ["azure_conv", "azure_code"],
+                              ["end_end", "sglang"])
+    assert validate.run_real(tmp_path, selected) == 0
+    gpt = [c for c in calls if c[0] == "gpt-oss-20b"]
+    # two warm-up replays (each slice once, the first layout), then the four measured cells
+    assert gpt[:2] == [("gpt-oss-20b", "azure_conv", "end_end"), ("gpt-oss-20b", "azure_code", "end_end")]
+    assert sorted(gpt[2:]) == sorted(c for c in selected if c[0] == "gpt-oss-20b") and len(calls) == 12
+    assert len(list((tmp_path / "real").iterdir())) == 8  # the warm-up replays are not written
+    calls.clear()
+    assert validate.run_real(tmp_path / "cold", selected, warm=False) == 0 and len(calls) == 8
