@@ -28,9 +28,10 @@ of `--reps` timed forwards (CUDA events) after WARMUPS untimed ones:
   The profile says `"step_forwards": "per_chunk"` (`sim.profile`). Its
   grids are STATE_FIT / STATE_HELDOUT: its first profiles ran
   transformers' reference Mamba-2 scan at about 0.35 ms a token, so the
-  chunk axes stop at 4,096 and the mixed and cached axes are coarser, to
-  keep a run near 200 s (with unikv's SSD kernels and --compiled the run
-  took 202 s at 2efa8c2, most of it the decode grid and compiles);
+  mixed and cached axes are coarser, to keep a run near 200 s (with
+  unikv's SSD kernels and --compiled the run took 202 s at 2efa8c2, most
+  of it the decode grid and compiles); its chunk axes reach 8,192 tokens
+  since 2026-12-03 (4,096 before);
 - non-forward time: the real executor's own step time outside its forward
   (batch build, flush and moves, reading the sampled tokens back),
   measured on a replay of a calibration slice no validation cell replays
@@ -100,14 +101,18 @@ SMOKE_HELDOUT = {"decode": ([1, 2], [24, 32]), "prefill": ([24, 48], [8, 16]), "
 """--smoke's grids (the CPU, a tiny config): chunks that pad to distinct
 buckets too (16, 32, 48, 64)."""
 STATE_FIT = {"decode": FIT["decode"],
-             "prefill": ([128, 256, 512, 1024, 2048, 4096], [0, 8192, 32768]),
-             "mixed": ([256, 1024, 4096], [1, 4, 16, 64, 256])}
+             "prefill": ([128, 256, 512, 1024, 2048, 4096, 8192], [0, 8192, 32768]),
+             "mixed": ([256, 1024, 4096, 8192], [1, 4, 16, 64, 256])}
 STATE_HELDOUT = {"decode": HELDOUT["decode"],
-                 "prefill": ([384, 1536], [1024, 4096, 16384]),
-                 "mixed": ([512, 2048], [2, 8, 32, 128])}
+                 "prefill": ([384, 1536, 6144], [1024, 4096, 16384]),
+                 "mixed": ([512, 2048, 6144], [2, 8, 32, 128])}
 """The grids of a model with recurrent state (see the module doc): decode
-as FIT; prefill and mixed chunks up to 4,096 tokens, cached context and
-mixed chunks 4x apart (held-out points between them)."""
+as FIT; prefill and mixed chunks up to 8,192 tokens (the scheduler's
+default step budget), cached context and the smaller mixed chunks 4x
+apart (held-out points between them). Until 2026-12-03 the chunk axes
+stopped at 4,096, and the validation's 8,192-token chunks of
+Nemotron-3-Nano (results/validation/h200) were extrapolated: 7-33 %
+below the real steps."""
 CALIBRATION = dict(trace="mooncake_synthetic", max_requests=32, rate_scale=1.0, max_context_tokens=8192,
                    kv_budget_gib=12.0)
 """The slice the real executor replays to measure `non_forward_s`: a trace
