@@ -1,0 +1,29 @@
+"""benchmarks/probe_state_chunks.py's arguments (its timings need the H200)."""
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+spec = importlib.util.spec_from_file_location("probe_state_chunks", ROOT / "benchmarks" / "probe_state_chunks.py")
+probe = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(probe)
+
+
+def test_points_parse_and_bad_ones_are_named():
+    assert probe.parse_point("4095:0") == (4095, 0)
+    assert [probe.parse_point(p) for p in probe.POINTS][-1] == (8192, 8192)
+    for bad in ("4096", "a:0", "0:0", "16:-1"):
+        with pytest.raises(argparse.ArgumentTypeError, match=bad.replace("-", r"\-")):
+            probe.parse_point(bad)
+
+
+def test_a_model_without_state_is_refused_by_name(capsys, monkeypatch):
+    monkeypatch.setattr(probe.brd, "DEVICE", probe.brd.DEVICE)  # --smoke sets it to the CPU: restored after
+    config = ROOT / "tests" / "data" / "configs" / "Qwen--Qwen3-8B_config.json"
+    assert probe.main(["--smoke", str(config)]) == 2
+    assert "no recurrent state" in capsys.readouterr().err
