@@ -64,6 +64,7 @@ def main(argv=None) -> int:
     from unikv.sim.models import load_model
     from unikv.sim.real import attention, layers
     from unikv.sim.real import model as real_model
+    from unikv.sim.real.padded_chunk import padded_ready
 
     if args.smoke is not None:
         config_json, dtype = args.smoke.resolve(), "bf16"
@@ -78,6 +79,10 @@ def main(argv=None) -> int:
         print(f"error: {args.model}: no recurrent state; this probe is for a model with it", file=sys.stderr)
         return 2
     lm = real_model.build_model(config_json, dtype=dtype, device=brd.DEVICE, seed=0)
+    why = padded_ready(lm)  # as profile_model refuses --prefill-graphs: the points run padded up to 2,048
+    if why is not None:
+        print(f"error: {args.model}: {why}", file=sys.stderr)
+        return 2
     placed = layers.model_layers(lm.config, real_model.torch_dtype(dtype))
     lm.set_attn_implementation(attention.register(mask=False))
     print(f"built ({time.perf_counter() - started:.0f} s since the start)", flush=True)

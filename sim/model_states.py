@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 # Values a config's declared SSM-state dtype field takes, as state element dtypes.
 DECLARED_SSM_DTYPES = {"float32": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": "bf16",
-             "float16": "fp16", "fp16": "fp16"}
+                       "float16": "fp16", "fp16": "fp16"}
 SSM_DTYPE_FIELDS = ("mamba_ssm_cache_dtype", "mamba_ssm_dtype", "ssm_state_dtype")
 
 

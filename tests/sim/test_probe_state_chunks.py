@@ -27,3 +27,18 @@ def test_a_model_without_state_is_refused_by_name(capsys, monkeypatch):
     config = ROOT / "tests" / "data" / "configs" / "Qwen--Qwen3-8B_config.json"
     assert probe.main(["--smoke", str(config)]) == 2
     assert "no recurrent state" in capsys.readouterr().err
+
+
+def test_a_model_whose_chunks_cannot_run_padded_is_refused_by_name(capsys, monkeypatch, tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    import json
+
+    from tests.sim.real.test_hybrid_replay import LFM2
+
+    monkeypatch.setattr(probe.brd, "DEVICE", probe.brd.DEVICE)
+    config = tmp_path / "lfm2" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(LFM2))
+    assert probe.main(["--smoke", str(config), "--points", "16:0"]) == 2
+    assert "padded chunk path" in capsys.readouterr().err

@@ -77,9 +77,12 @@ def test_each_model_is_warmed_once_over_its_slices_before_its_measured_cells(tmp
         summary = {"steps": 2, "graph_steps": 2, "finished": 1, "ttft_p50_s": 0.1, "tpot_mean_s": 0.01}
         return types.SimpleNamespace(steps=steps, summary=summary)
 
+    def fake_write_run(result, dest, fmt):
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / "summary.json").write_text("{}")
+
     monkeypatch.setattr(sim_run, "run", fake_run)
-    monkeypatch.setattr(sim_run, "write_run", lambda result, dest, fmt: (dest / "summary.json").parent.mkdir(
-        parents=True, exist_ok=True) or (dest / "summary.json").write_text("{}"))
+    monkeypatch.setattr(sim_run, "write_run", fake_write_run)
     monkeypatch.setattr(validate, "memoize_builds", lambda: None)
     monkeypatch.setattr(validate, "config", lambda model, trace, layout, executor, *a: types.SimpleNamespace(
         model=model, trace=trace, layout=layout))
