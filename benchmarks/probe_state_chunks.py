@@ -12,12 +12,23 @@ padded buckets), at pairs that separate the candidate causes:
   first chunks (Triton specialises an integer argument that is a multiple
   of 16 apart from one that is not);
 - state: a first chunk against a continuing one over a few cached tokens
-  (8,192 over 0 / 256 cached) and over 8,192.
+  (8,192 over 0 / 256 cached) and over 8,192;
+- path: with `--cells`, the validation's trace slices replayed after the
+  points in the same process, as `validate_real.py real` replays them (its
+  warm pass first, end_end), each prefill chunk the executor ran outside
+  the packed graphs timed on its own (CUDA events around
+  `RealExecutor._prefill_state`: the bind, the compiled forward, the
+  scatter, as `state_point` times them), then the largest shapes those
+  chunks took timed again through `state_point` (`--after`): the same
+  shape through the executor and through the profile's path, one process,
+  one sitting.
 
     # on the H200, installed as benchmarks/gpu_suite.sh installs it:
     python3 benchmarks/probe_state_chunks.py --model nemotron-3-nano-30b-a3b
     # on the CPU (a tiny config; checks the script, not the numbers):
     python benchmarks/probe_state_chunks.py --smoke CONFIG --points 16:0 15:0
+    # the executor's own chunks against the profile's path (the H200):
+    python3 benchmarks/probe_state_chunks.py --cells azure_code mooncake_conversation
 
 Prints one line a point (median, fastest and slowest of --reps, after the
 warm-up steps `profile_model.timed` runs, in which a new shape compiles).
@@ -26,6 +37,7 @@ warm-up steps `profile_model.timed` runs, in which a new shape compiles).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -35,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_real_decode as brd  # noqa: E402  (this folder)
 import profile_model as pm  # noqa: E402
+import validate_real as vr  # noqa: E402
 
 POINTS = ("4096:0", "4095:0", "8192:0", "8191:0", "8192:256", "8192:8192")
 """chunk:cached pairs, in the order they run."""
@@ -51,19 +64,111 @@ def parse_point(text: str) -> tuple[int, int]:
     return chunk, cached
 
 
+@contextlib.contextmanager
+def chunk_times(executor_class, mark):
+    """Record every prefill chunk `executor_class._prefill_state` runs while
+    the block is open: yields a list that gets (chunk tokens, cached
+    tokens, start mark, end mark) a chunk; `mark()` makes a mark (a CUDA
+    event recorded on the current stream, read once the run is over, or a
+    host clock). The chunk's request holds `seq` tokens once the chunk is
+    in (`sim.real.executor.state_plans`), so its cached tokens are `seq`
+    less the chunk's."""
+    original = executor_class._prefill_state
+    got: list[tuple[int, int, object, object]] = []
+
+    def timed_chunk(self, ctx, batch, keep, slots, fresh):
+        start = mark()
+        picks = original(self, ctx, batch, keep, slots, fresh)
+        tokens = int(batch.num_tokens)
+        got.append((tokens, int(batch.requests[0].seq) - tokens, start, mark()))
+        return picks
+
+    executor_class._prefill_state = timed_chunk
+    try:
+        yield got
+    finally:
+        executor_class._prefill_state = original
+
+
+def by_shape(chunks: list[tuple[int, int, float]]) -> dict[tuple[int, int], list[float]]:
+    """(chunk, cached) -> the seconds of each chunk of that shape, largest chunks first."""
+    out: dict[tuple[int, int], list[float]] = {}
+    for tokens, cached, seconds in sorted(chunks, key=lambda c: (-c[0], c[1])):
+        out.setdefault((tokens, cached), []).append(seconds)
+    return out
+
+
+def cuda_mark():
+    """A CUDA event recorded now on the current stream."""
+    import torch
+
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def replay_cells(model: str, traces: list[str]) -> list[tuple[int, int, float]]:
+    """Replay `model`'s validation slices `traces` (end_end) as
+    `validate_real.py real --compiled --prefill-graphs` does, its warm pass
+    first; returns (chunk, cached, seconds) of each prefill chunk the
+    measured replays ran through `RealExecutor._prefill_state`, and prints
+    each replay's large steps and the caching allocator's retries."""
+    import gc
+
+    import torch
+    from unikv.sim.real.executor import RealExecutor
+    from unikv.sim.run import run
+
+    selected = [(model, t, "end_end") for t in traces]
+    vr.warm_pass(model, selected, compiled=True, graphs=True)
+    chunks: list[tuple[int, int, float]] = []
+    for _, trace, layout in selected:
+        retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+        t0 = time.perf_counter()
+        with chunk_times(RealExecutor, cuda_mark) as got:
+            result = run(vr.config(model, trace, layout, "real", True, True))
+        torch.cuda.synchronize()
+        mine = [(n, c, a.elapsed_time(b) / 1e3) for n, c, a, b in got]
+        chunks += mine
+        steps = result.steps
+        large = steps[steps["prefill_tokens"] > 2048]["step_time_s"]
+        print(f"cell {model}__{trace}__{layout}: {len(steps)} steps, wall {time.perf_counter() - t0:.1f} s, "
+              f"{len(mine)} chunks through _prefill_state, steps over 2,048 prefill tokens {len(large)} "
+              f"(median {1e3 * large.median():.1f} ms), allocator retries "
+              f"{torch.cuda.memory_stats().get('num_alloc_retries', 0) - retries}", flush=True)
+        for (n, c), times in list(by_shape(mine).items()):
+            print(f"  executor chunk {n} x {c} cached: {1e3 * statistics.median(times):.2f} ms "
+                  f"(x{len(times)}: {1e3 * min(times):.2f} .. {1e3 * max(times):.2f})", flush=True)
+        del result
+        gc.collect()
+        torch.cuda.empty_cache()
+    return chunks
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="nemotron-3-nano-30b-a3b", help="a bundled model id with recurrent state")
     ap.add_argument("--points", nargs="+", type=parse_point, default=[parse_point(p) for p in POINTS],
                     metavar="CHUNK:CACHED")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--cells", nargs="+", default=[], choices=list(vr.TRACES), metavar="TRACE",
+                    help="then replay these validation slices (end_end) and time their chunks (module docstring)")
+    ap.add_argument("--after", type=int, default=4, metavar="N",
+                    help="with --cells: time the N largest chunk shapes the replays ran through state_point")
     ap.add_argument("--smoke", type=Path, default=None, metavar="CONFIG", help="the CPU and this (small) config")
     args = ap.parse_args(argv)
+    if args.cells and args.smoke is not None:
+        print("error: --cells replays the validation's slices on the H200; not with --smoke", file=sys.stderr)
+        return 2
+    if args.cells and args.model not in vr.MODELS:
+        print(f"error: --cells: {args.model!r} is not a validation model ({', '.join(vr.MODELS)})", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     import torch
     from unikv.sim.models import load_model
     from unikv.sim.real import attention, layers
     from unikv.sim.real import model as real_model
+    from unikv.sim.real.fuse import fuse_projections
     from unikv.sim.real.padded_chunk import padded_ready
 
     if args.smoke is not None:
@@ -78,21 +183,36 @@ def main(argv=None) -> int:
     if not spec.state_bytes:
         print(f"error: {args.model}: no recurrent state; this probe is for a model with it", file=sys.stderr)
         return 2
-    lm = real_model.build_model(config_json, dtype=dtype, device=brd.DEVICE, seed=0)
+    if args.cells:  # the replays' executors take these weights (validate_real's builds, keyed as they call it)
+        vr.memoize_builds()
+        config_json = vr.MODELS[args.model]
+    lm = real_model.build_model(real_model.config_path(str(config_json)), dtype=dtype, device=brd.DEVICE,
+                                weights=None, seed=0)
     why = padded_ready(lm)  # as profile_model refuses --prefill-graphs: the points run padded up to 2,048
     if why is not None:
         print(f"error: {args.model}: {why}", file=sys.stderr)
         return 2
     placed = layers.model_layers(lm.config, real_model.torch_dtype(dtype))
+    # as the profile's model: its calibration replay's executor fused q/k/v and gate/up in place
+    print(f"fused {fuse_projections(lm)}", flush=True)
     lm.set_attn_implementation(attention.register(mask=False))
     print(f"built ({time.perf_counter() - started:.0f} s since the start)", flush=True)
-    for chunk, cached in args.points:
+
+    def point(chunk: int, cached: int, label: str = "") -> None:
         t0 = time.perf_counter()
         times = pm.state_point(lm, spec, placed, chunk, cached, 0, 0, args.reps, compiled=True,
                                packed_graphs=True)
-        print(f"chunk {chunk} x {cached} cached: {1e3 * statistics.median(times):.2f} ms "
+        print(f"{label}chunk {chunk} x {cached} cached: {1e3 * statistics.median(times):.2f} ms "
               f"(reps {1e3 * min(times):.2f} .. {1e3 * max(times):.2f}; {time.perf_counter() - t0:.1f} s)",
               flush=True)
+
+    for chunk, cached in args.points:
+        point(chunk, cached)
+    if args.cells:
+        shapes = list(by_shape(replay_cells(args.model, args.cells)))[:args.after]
+        lm.set_attn_implementation(attention.register(mask=False))
+        for chunk, cached in shapes:
+            point(chunk, cached, "after the replays, state_point ")
     return 0
 
 

@@ -42,3 +42,34 @@ def test_a_model_whose_chunks_cannot_run_padded_is_refused_by_name(capsys, monke
     config.write_text(json.dumps(LFM2))
     assert probe.main(["--smoke", str(config), "--points", "16:0"]) == 2
     assert "padded chunk path" in capsys.readouterr().err
+
+
+def test_chunk_times_records_each_chunk_with_its_cached_tokens_and_restores_the_method():
+    from types import SimpleNamespace
+
+    class Executor:
+        def _prefill_state(self, ctx, batch, keep, slots, fresh):
+            return ("picks", batch.num_tokens)
+
+    original = Executor._prefill_state
+    clock = iter(range(100))
+    with probe.chunk_times(Executor, lambda: next(clock)) as got:
+        ex = Executor()
+        # a first chunk of 4,095 (the request holds 4,095 once it is in), a continuing one of 8,192 over 228
+        assert ex._prefill_state(None, SimpleNamespace(num_tokens=4095, requests=[SimpleNamespace(seq=4095)]),
+                                 None, None, True) == ("picks", 4095)
+        ex._prefill_state(None, SimpleNamespace(num_tokens=8192, requests=[SimpleNamespace(seq=8420)]), None, None,
+                          False)
+    assert got == [(4095, 0, 0, 1), (8192, 228, 2, 3)]
+    assert Executor._prefill_state is original
+    shapes = probe.by_shape([(4095, 0, 0.1), (8192, 228, 0.2), (4095, 0, 0.3)])
+    assert list(shapes.items()) == [((8192, 228), [0.2]), ((4095, 0), [0.1, 0.3])]
+
+
+def test_cells_are_refused_on_the_cpu_and_for_a_model_the_validation_does_not_run(capsys, monkeypatch):
+    monkeypatch.setattr(probe.brd, "DEVICE", probe.brd.DEVICE)
+    config = ROOT / "tests" / "data" / "configs" / "Qwen--Qwen3-8B_config.json"
+    assert probe.main(["--smoke", str(config), "--cells", "azure_code"]) == 2
+    assert "not with --smoke" in capsys.readouterr().err
+    assert probe.main(["--model", "lfm2-1.2b", "--cells", "azure_code"]) == 2
+    assert "not a validation model" in capsys.readouterr().err
