@@ -16,9 +16,9 @@ padded buckets), at pairs that separate the candidate causes:
 - path: with `--cells`, the validation's trace slices replayed after the
   points in the same process, as `validate_real.py real` replays them (its
   warm pass first, end_end), each prefill chunk the executor ran outside
-  the packed graphs timed on its own (CUDA events around
-  `RealExecutor._prefill_state`: the bind, the compiled forward, the
-  scatter, as `state_point` times them), then the largest shapes those
+  the packed graphs timed on its own (`validate_real.forward_parts`, CUDA
+  events around `RealExecutor._prefill_state`: the bind, the compiled
+  forward, the scatter, as `state_point` times them), then the largest shapes those
   chunks took timed again through `state_point` (`--after`): the same
   shape through the executor and through the profile's path, one process,
   one sitting.
@@ -37,7 +37,6 @@ warm-up steps `profile_model.timed` runs, in which a new shape compiles).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import sys
 import time
@@ -64,47 +63,12 @@ def parse_point(text: str) -> tuple[int, int]:
     return chunk, cached
 
 
-@contextlib.contextmanager
-def chunk_times(executor_class, mark):
-    """Record every prefill chunk `executor_class._prefill_state` runs while
-    the block is open: yields a list that gets (chunk tokens, cached
-    tokens, start mark, end mark) a chunk; `mark()` makes a mark (a CUDA
-    event recorded on the current stream, read once the run is over, or a
-    host clock). The chunk's request holds `seq` tokens once the chunk is
-    in (`sim.real.executor.state_plans`), so its cached tokens are `seq`
-    less the chunk's."""
-    original = executor_class._prefill_state
-    got: list[tuple[int, int, object, object]] = []
-
-    def timed_chunk(self, ctx, batch, keep, slots, fresh):
-        start = mark()
-        picks = original(self, ctx, batch, keep, slots, fresh)
-        tokens = int(batch.num_tokens)
-        got.append((tokens, int(batch.requests[0].seq) - tokens, start, mark()))
-        return picks
-
-    executor_class._prefill_state = timed_chunk
-    try:
-        yield got
-    finally:
-        executor_class._prefill_state = original
-
-
 def by_shape(chunks: list[tuple[int, int, float]]) -> dict[tuple[int, int], list[float]]:
     """(chunk, cached) -> the seconds of each chunk of that shape, largest chunks first."""
     out: dict[tuple[int, int], list[float]] = {}
     for tokens, cached, seconds in sorted(chunks, key=lambda c: (-c[0], c[1])):
         out.setdefault((tokens, cached), []).append(seconds)
     return out
-
-
-def cuda_mark():
-    """A CUDA event recorded now on the current stream."""
-    import torch
-
-    event = torch.cuda.Event(enable_timing=True)
-    event.record()
-    return event
 
 
 def replay_cells(model: str, traces: list[str]) -> list[tuple[int, int, float]]:
@@ -116,7 +80,6 @@ def replay_cells(model: str, traces: list[str]) -> list[tuple[int, int, float]]:
     import gc
 
     import torch
-    from unikv.sim.real.executor import RealExecutor
     from unikv.sim.run import run
 
     selected = [(model, t, "end_end") for t in traces]
@@ -125,10 +88,9 @@ def replay_cells(model: str, traces: list[str]) -> list[tuple[int, int, float]]:
     for _, trace, layout in selected:
         retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
         t0 = time.perf_counter()
-        with chunk_times(RealExecutor, cuda_mark) as got:
+        with vr.forward_parts(vr.cuda_mark, vr.cuda_seconds) as parts:
             result = run(vr.config(model, trace, layout, "real", True, True))
-        torch.cuda.synchronize()
-        mine = [(n, c, a.elapsed_time(b) / 1e3) for n, c, a, b in got]
+        mine = [(n, c, ms / 1e3) for _, kind, n, c, _, ms in parts if kind == "chunk"]
         chunks += mine
         steps = result.steps
         large = steps[steps["prefill_tokens"] > 2048]["step_time_s"]

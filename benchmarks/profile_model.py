@@ -100,8 +100,11 @@ SMOKE_FIT = {"decode": ([1, 2], [16, 40]), "prefill": ([16, 32], [0, 24]), "mixe
 SMOKE_HELDOUT = {"decode": ([1, 2], [24, 32]), "prefill": ([24, 48], [8, 16]), "mixed": ([24, 48], [1, 2])}
 """--smoke's grids (the CPU, a tiny config): chunks that pad to distinct
 buckets too (16, 32, 48, 64)."""
+CONTINUING = 16
+"""The state grid's first cached column after 0: a chunk that continues its
+request over one page (`StepProfile.continuing_cached_tokens`)."""
 STATE_FIT = {"decode": FIT["decode"],
-             "prefill": ([128, 256, 512, 1024, 2048, 4096, 8192], [0, 8192, 32768]),
+             "prefill": ([128, 256, 512, 1024, 2048, 4096, 8192], [0, CONTINUING, 8192, 32768]),
              "mixed": ([256, 1024, 4096, 8192], [1, 4, 16, 64, 256])}
 STATE_HELDOUT = {"decode": HELDOUT["decode"],
                  "prefill": ([384, 1536, 6144], [1024, 4096, 16384]),
@@ -631,7 +634,7 @@ def _smoke(args) -> tuple[Path, str]:
     brd.DEVICE, dtype = "cpu", "bf16" if load_model(str(config_json)).state_bytes else "fp32"
     FIT.update(SMOKE_FIT)
     HELDOUT.update(SMOKE_HELDOUT)
-    STATE_FIT.update(FIT)
+    STATE_FIT.update(FIT, prefill=(FIT["prefill"][0], [0, CONTINUING, *FIT["prefill"][1][1:]]))
     STATE_HELDOUT.update(HELDOUT)
     args.mixed_context = min(args.mixed_context, 32)
     CALIBRATION.update(max_requests=4, max_context_tokens=96, kv_budget_gib=0.05)
@@ -736,6 +739,8 @@ def main(argv=None) -> int:
                    "provenance": prov, "non_forward_s": calibrated["non_forward_s"], "moe_touch": [], **data}
         if state:  # each chunk its own forward (sim.profile.STEP_FORWARDS)
             profile["step_forwards"] = "per_chunk"
+            if grids is fit:  # a continuing chunk's own path, measured at one page (the held-out grid has no 0)
+                profile["continuing_cached_tokens"] = CONTINUING
         if args.prefill_graphs:  # the buckets the packed points were padded to (sim.profile: StepProfile.padded)
             from unikv.sim.real.packed_graphs import PACKED_BUCKETS
 

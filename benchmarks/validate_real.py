@@ -21,11 +21,19 @@ identical over those steps, as it must be where step boundaries coincide;
 `steps.md` (median step time by kind of step), `decode_batches.md` (median
 decode step time by batch) and `requests.md` (per-request TTFT and TPOT
 agreement).
+
+Each real cell also writes `parts.csv`: its forward taken apart
+(`forward_parts`), every prefill chunk and decode batch the executor ran,
+timed on its own with CUDA events, and each step's whole forward span and
+step time. `compare` sets each part beside the profile's time for that
+part alone (`parts.md`), which says whether a difference lies in the
+forwards the profile measures or between them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -126,6 +134,94 @@ def warm_pass(model: str, selected, compiled: bool, graphs: bool) -> None:
         torch.cuda.empty_cache()
 
 
+PART_COLUMNS = ("step", "part", "tokens", "cached", "batch", "ms")
+"""parts.csv: the plan's index; "chunk" (a prefill chunk through the compiled
+prefill, `RealExecutor._prefill_state`), "packed" (a packed batch through
+a token bucket's graph, `PackedGraphs.run`), "decode" (decoders through a
+decode bucket's graph, `DecodeGraphs.run`), "forward" (the step's forward
+span, the executor's own marks) or "step" (its measured step time); the
+part's tokens, the tokens its requests held before it (cached keys, or
+the decoders' context), its requests, and its milliseconds."""
+
+
+@contextlib.contextmanager
+def forward_parts(mark, seconds):
+    """Record the real executor's forwards part by part while the block is
+    open (PART_COLUMNS): yields a list that gets one row a part, complete
+    once the run is over (the marks are read then). `mark()` makes a mark
+    (a CUDA event recorded on the current stream, or a host clock) and
+    `seconds(a, b)` reads two. A part the graphs decline (None: the
+    executor runs it otherwise) is not recorded. A request holds `seq`
+    tokens once its part is in (`sim.real.executor.state_plans`), so the
+    tokens before it are `seq` less the part's."""
+    from unikv.sim.real.executor import RealExecutor
+    from unikv.sim.real.graphs import DecodeGraphs
+    from unikv.sim.real.packed_graphs import PackedGraphs
+
+    rows: list[tuple] = []
+    marks: list[tuple] = []
+    now = {"step": None}
+    saved = {(cls, name): getattr(cls, name) for cls, name in (
+        (RealExecutor, "launch"), (RealExecutor, "_prefill_state"), (PackedGraphs, "run"), (DecodeGraphs, "run"))}
+
+    def held(batch) -> int:
+        return int(sum(int(r.seq) for r in batch.requests)) - int(batch.num_tokens)
+
+    def timed(kind, original, batch_of):
+        def wrapper(self, *args, **kwargs):
+            batch = batch_of(args)
+            start = mark()
+            out = original(self, *args, **kwargs)
+            if out is not None:
+                marks.append((now["step"], kind, int(batch.num_tokens), held(batch), len(batch.requests), start,
+                              mark()))
+            return out
+        return wrapper
+
+    def launch(self, plan):
+        now["step"] = plan.index
+        got = saved[(RealExecutor, "launch")](self, plan)
+        marks.append((plan.index, "step", plan.prefill_tokens + len(plan.decode), 0, 0, self, None))
+        return got
+
+    RealExecutor.launch = launch
+    RealExecutor._prefill_state = timed("chunk", saved[(RealExecutor, "_prefill_state")], lambda a: a[1])
+    PackedGraphs.run = timed("packed", saved[(PackedGraphs, "run")], lambda a: a[0])
+    DecodeGraphs.run = timed("decode", saved[(DecodeGraphs, "run")], lambda a: a[0])
+    try:
+        yield rows
+    finally:
+        for (cls, name), original in saved.items():
+            setattr(cls, name, original)
+        seen: dict[int, int] = {}  # executor -> its launches so far: the index of its step_s / forward_s
+        for step, _, tokens, _, _, ex, _ in (m for m in marks if m[1] == "step"):
+            i = seen[id(ex)] = seen.get(id(ex), -1) + 1
+            if i < len(ex.forward_s):  # a step the run timed (duration_s)
+                rows.append((step, "forward", tokens, 0, 0, 1e3 * ex.forward_s[i]))
+                rows.append((step, "step", tokens, 0, 0, 1e3 * ex.step_s[i]))
+        rows += [(step, kind, n, c, b, 1e3 * seconds(a, z)) for step, kind, n, c, b, a, z in marks if kind != "step"]
+        rows.sort(key=lambda r: (r[0], ("chunk", "packed", "decode", "forward", "step").index(r[1])))
+
+
+def cuda_mark():
+    """A CUDA event recorded now on the current stream."""
+    import torch
+
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def cuda_seconds(start, end) -> float:
+    return start.elapsed_time(end) / 1e3
+
+
+def write_parts(rows, path: Path) -> None:
+    import pandas as pd
+
+    pd.DataFrame(rows, columns=list(PART_COLUMNS)).to_csv(path, index=False, float_format="%.4f")
+
+
 def run_real(out: Path, selected, compiled: bool = False, graphs: bool = False, warm: bool = True) -> int:
     import gc
 
@@ -143,8 +239,10 @@ def run_real(out: Path, selected, compiled: bool = False, graphs: bool = False, 
             warm_pass(model, selected, compiled, graphs)
             warmed.add(model)
         t0 = time.perf_counter()
-        result = run(config(model, trace, layout, "real", compiled, graphs))
+        with forward_parts(cuda_mark, cuda_seconds) as parts:
+            result = run(config(model, trace, layout, "real", compiled, graphs))
         write_run(result, dest, fmt="csv")
+        write_parts(parts, dest / "parts.csv")
         s = result.summary
         print(f"{dest.name}: {s['steps']} steps, {s.get('graph_steps')} through graphs, {s['finished']} finished, "
               f"TTFT p50 {s['ttft_p50_s']:.3f} s, TPOT {s['tpot_mean_s'] * 1e3:.1f} ms, "
@@ -163,7 +261,7 @@ def run_compare(out: Path, selected) -> int:
     import pandas as pd
     from unikv.sim.run import run, write_run
 
-    rows, lines, step_lines, request_lines, batch_lines = [], [], [], [], []
+    rows, lines, step_lines, request_lines, batch_lines, part_lines = [], [], [], [], [], []
     for model, trace, layout in selected:
         name = f"{model}__{trace}__{layout}"
         real_dir = out / "real" / name
@@ -187,6 +285,11 @@ def run_compare(out: Path, selected) -> int:
         step_lines.append(step_line(name, real_steps, result.steps))
         request_lines.append(request_line(name, pd.read_csv(real_dir / "requests.csv"), result.requests))
         batch_lines.append(batch_line(name, real_steps, result.steps))
+        if (real_dir / "parts.csv").exists():
+            from unikv.sim.profile import StepProfile, profile_path
+
+            profile = StepProfile.load(profile_path(model, "h200"))
+            part_lines.append(parts_line(name, pd.read_csv(real_dir / "parts.csv"), profile))
     if not rows:
         print("error: no real runs to compare", file=sys.stderr)
         return 2
@@ -218,9 +321,50 @@ def run_compare(out: Path, selected) -> int:
         "either run has no such step. The decode graphs pad a batch to its bucket (1, 2, 4, 8, 16, 32).\n\n"
         "| cell | " + " | ".join(str(b) for b in BATCHES) + " |\n"
         "| --- |" + " ---: |" * len(BATCHES) + "\n" + "\n".join(batch_lines) + "\n")
+    if part_lines:
+        (out / "parts.md").write_text(PARTS_HEAD + "\n".join(part_lines) + "\n")
     print((out / "validation.md").read_text())
     print((out / "timeline.md").read_text())
     return 0
+
+
+PARTS_HEAD = (
+    "The real runs' forwards taken apart (`parts.csv`, `forward_parts`): each part's measured time against "
+    "the profile's time for that part alone, as real / profile, median over the parts (their count; the "
+    "median of the real parts in ms). Chunks: one request's prefill chunk (its tokens, over the tokens it "
+    "held), through the compiled prefill (over 2,048 tokens) or a token bucket's graph; the profile's "
+    "prefill grid at (chunk, cached). Decode: the decoders of a step through their bucket's graph; the "
+    "decode grid at (batch, mean context) plus the bucket's padding. Gap: the step's forward span less its "
+    "parts, in steps with a chunk (host time between forwards the GPU waits for; the profile's mixed points "
+    "hold one such gap), ms. Outside: the step less its forward, ms, against the profile's non_forward_s.\n\n"
+    "| cell | chunks over 2,048 | chunks up to 2,048 | decode | gap (ms) | outside (ms) / profile |\n"
+    "| --- | ---: | ---: | ---: | ---: | ---: |\n")
+
+
+def parts_line(name: str, parts, profile) -> str:
+    """`parts.md`'s line of one cell: its parts (parts.csv) against `profile`."""
+    import statistics
+
+    one = parts[parts.part.isin(["chunk", "packed"]) & (parts.batch == 1)]
+    dec = parts[parts.part == "decode"]
+
+    def ratios(frame, predict) -> str:
+        if frame.empty:
+            return "-"
+        r = [ms / (1e3 * predict(row)) for row, ms in zip(frame.itertuples(), frame.ms)]
+        return f"{statistics.median(r):.3f} ({len(r)}; {frame.ms.median():.1f})"
+
+    chunk = lambda row: profile._prefill_at(row.tokens, row.cached)[0]  # noqa: E731
+    decode = lambda row: (profile.decode(row.batch, row.cached / row.batch)[0]  # noqa: E731
+                          + profile.decode_padding_s(row.batch)[0])
+    by_step = parts.pivot_table(index="step", columns="part", values="ms", aggfunc="sum")
+    inside = by_step.reindex(columns=["chunk", "packed", "decode"]).fillna(0.0).sum(axis=1)
+    with_chunk = by_step.index.isin(one.step)
+    gap = (by_step["forward"] - inside)[with_chunk]
+    outside = by_step["step"] - by_step["forward"]
+    return (f"| {name} | {ratios(one[one.tokens > 2048], chunk)} | {ratios(one[one.tokens <= 2048], chunk)} | "
+            f"{ratios(dec, decode)} | {gap.median():.2f} (max {gap.max():.1f}) | "
+            f"{outside.median():.2f} / {1e3 * profile.non_forward_s:.2f} |")
 
 
 def request_line(name: str, real, cost) -> str:

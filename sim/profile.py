@@ -163,6 +163,18 @@ class StepProfile:
         decode_padding_routes_as_one: with decode_buckets, the measured
             model's padding rows cost one more token's expert routing, not
             a row each (`padding_routes_as_one`; `decode_padding_s`).
+        continuing_cached_tokens: with step_forwards "per_chunk", the
+            prefill grid's first column after 0 (None: no such column
+            declared). A model with recurrent state runs a chunk that
+            continues its request on another path than a first chunk (its
+            conv and SSM state read in, a graph of its own), at a cost that
+            does not grow with the cached tokens: Nemotron-3-Nano's 8,192-
+            token chunk takes 9.2 ms more over 256 cached tokens than over
+            none, and 37.1 ms more over 8,192 (H200,
+            results/real/h200/session_2026-12-03b/probe_2f773e3.log). Column
+            0 is a first chunk; a continuing chunk over fewer cached tokens
+            than this column is read at it, so the interpolation from 0
+            never prices a continuing chunk as part first chunk.
         path: the file it was read from (None: built in memory).
     """
 
@@ -179,6 +191,7 @@ class StepProfile:
     packed_buckets: tuple[int, ...] = ()
     decode_buckets: tuple[int, ...] = ()
     decode_padding_routes_as_one: bool = False
+    continuing_cached_tokens: int | None = None
     path: Path | None = None
     # with packed_buckets: the prefill grid over its rows' bucket sizes, and per mixed column
     # (batch b) the rows' bucket sizes less b with log1p of each (`_mixed_at`)
@@ -187,6 +200,15 @@ class StepProfile:
         default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        first = self.continuing_cached_tokens
+        if first is not None:
+            if self.step_forwards != "per_chunk":
+                raise ValueError(f"continuing_cached_tokens={first!r} needs step_forwards 'per_chunk': a packed "
+                                 "step's chunks run on one path")
+            cols = self.prefill.cols
+            if len(cols) < 3 or cols[0] != 0 or cols[1] != first:
+                raise ValueError(f"continuing_cached_tokens={first!r} must be the prefill grid's second cached "
+                                 f"column, after 0 and before another (cached_tokens={list(cols)})")
         if not self.packed_buckets:
             return
         pre = self.prefill
@@ -231,7 +253,13 @@ class StepProfile:
     def _prefill_at(self, chunk: float, cached: float) -> tuple[float, bool]:
         """The prefill grid at (chunk, cached), the chunk at its bucket's size."""
         grid, cell = self._prefill_cell(chunk)
-        return _at_cached(grid, cell, cached)
+        return _at_cached(grid, cell, self._cached(cached))
+
+    def _cached(self, cached: float) -> float:
+        """The cached tokens to read the prefill grid at: a continuing chunk
+        (cached > 0) at least at `continuing_cached_tokens`."""
+        first = self.continuing_cached_tokens
+        return float(first) if first is not None and 0 < cached < first else cached
 
     def _mixed_at(self, chunk: float, batch: float) -> tuple[float, bool]:
         """The mixed grid at (chunk, batch), read per column (b decoders)
@@ -295,7 +323,8 @@ class StepProfile:
         if not isinstance(data, Mapping):
             raise ValueError("the top level must be a JSON object")
         known = {"format", "version", "model", "gpu", "provenance", "non_forward_s", "moe_touch", "step_forwards",
-                 "packed_buckets", "decode_buckets", "decode_padding_routes_as_one", *GRIDS}
+                 "packed_buckets", "decode_buckets", "decode_padding_routes_as_one", "continuing_cached_tokens",
+                 *GRIDS}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown fields {unknown}; valid: {sorted(known)}")
@@ -321,6 +350,9 @@ class StepProfile:
         forwards = data.get("step_forwards", "packed")
         if forwards not in STEP_FORWARDS:
             raise ValueError(f"step_forwards={forwards!r} must be one of {list(STEP_FORWARDS)}")
+        first = data.get("continuing_cached_tokens")
+        if first is not None and (isinstance(first, bool) or not isinstance(first, int) or first < 1):
+            raise ValueError(f"continuing_cached_tokens={first!r} must be a positive integer")
         return cls(model=data["model"], gpu=data["gpu"], provenance=_provenance(data["provenance"]),
                    non_forward_s=_number("non_forward_s", data["non_forward_s"], low=0.0),
                    prefill=_grid("prefill", data["prefill"], linear_cols=True), decode=_grid("decode", data["decode"]),
@@ -328,7 +360,7 @@ class StepProfile:
                    mixed_context_tokens=context, moe_touch=_moe_touch(data.get("moe_touch", [])),
                    step_forwards=forwards, packed_buckets=_buckets("packed_buckets", data.get("packed_buckets", [])),
                    decode_buckets=_buckets("decode_buckets", data.get("decode_buckets", [])),
-                   decode_padding_routes_as_one=routes, path=path)
+                   decode_padding_routes_as_one=routes, continuing_cached_tokens=first, path=path)
 
     def forward_s(self, *, chunk_tokens: float, cached_tokens: float, batch: int,
                   context_tokens: float) -> tuple[float, bool]:
@@ -356,7 +388,7 @@ class StepProfile:
             return forward, outside
         base, out_m = self._mixed_at(chunk_tokens, batch)
         prefill, cell = self._prefill_cell(chunk_tokens)  # one row lookup for both contexts
-        pre, out_p = _at_cached(prefill, cell, cached_tokens)
+        pre, out_p = _at_cached(prefill, cell, self._cached(cached_tokens))
         pre0, out_0 = prefill.at_row(cell, 0)
         dec, out_d = self.decode(batch, context_tokens)
         dec0, out_r = self.decode(batch, self.mixed_context_tokens)

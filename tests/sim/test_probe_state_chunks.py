@@ -44,24 +44,7 @@ def test_a_model_whose_chunks_cannot_run_padded_is_refused_by_name(capsys, monke
     assert "padded chunk path" in capsys.readouterr().err
 
 
-def test_chunk_times_records_each_chunk_with_its_cached_tokens_and_restores_the_method():
-    from types import SimpleNamespace
-
-    class Executor:
-        def _prefill_state(self, ctx, batch, keep, slots, fresh):
-            return ("picks", batch.num_tokens)
-
-    original = Executor._prefill_state
-    clock = iter(range(100))
-    with probe.chunk_times(Executor, lambda: next(clock)) as got:
-        ex = Executor()
-        # a first chunk of 4,095 (the request holds 4,095 once it is in), a continuing one of 8,192 over 228
-        assert ex._prefill_state(None, SimpleNamespace(num_tokens=4095, requests=[SimpleNamespace(seq=4095)]),
-                                 None, None, True) == ("picks", 4095)
-        ex._prefill_state(None, SimpleNamespace(num_tokens=8192, requests=[SimpleNamespace(seq=8420)]), None, None,
-                          False)
-    assert got == [(4095, 0, 0, 1), (8192, 228, 2, 3)]
-    assert Executor._prefill_state is original
+def test_chunks_are_grouped_by_shape_largest_first():
     shapes = probe.by_shape([(4095, 0, 0.1), (8192, 228, 0.2), (4095, 0, 0.3)])
     assert list(shapes.items()) == [((8192, 228), [0.2]), ((4095, 0), [0.1, 0.3])]
 

@@ -158,6 +158,30 @@ def test_a_per_chunk_profile_adds_each_further_chunk_as_its_own_forward():
         pytest.approx(1e-3 + got, rel=1e-12)
 
 
+def continuing_prefill(chunk, cached):  # a continuing chunk's own path: a fixed cost at any cached tokens
+    return power_prefill(chunk, cached) + (5e-3 if cached > 0 else 0.0)
+
+
+def test_a_continuing_chunk_is_read_at_least_at_the_continuing_column():
+    data = make(prefill=continuing_prefill, cached=(0, 16, 8192, 65536)) | {"step_forwards": "per_chunk"}
+    declared = StepProfile.from_dict(data | {"continuing_cached_tokens": 16})
+    linear = StepProfile.from_dict(data)
+    for chunk in (64, 512, 4096):
+        assert declared._prefill_at(chunk, 0)[0] == pytest.approx(power_prefill(chunk, 0), rel=1e-12)
+        for cached in (1, 5, 16):  # a continuing chunk over less than the column pays its path, read at it
+            assert declared._prefill_at(chunk, cached)[0] == pytest.approx(continuing_prefill(chunk, 16), rel=1e-12)
+        # beyond it, the grid's own line: exact for an affine cost in the cached tokens
+        assert declared._prefill_at(chunk, 4000)[0] == pytest.approx(continuing_prefill(chunk, 4000), rel=1e-12)
+        # without the declaration the interpolation from 0 prices 5 cached tokens as 5/16 of the path
+        assert linear._prefill_at(chunk, 5)[0] == pytest.approx(
+            power_prefill(chunk, 0) + 5 / 16 * (continuing_prefill(chunk, 16) - power_prefill(chunk, 0)), rel=1e-12)
+    # a mixed step adds the same move along the prefill grid; a first chunk (0 cached) is unchanged
+    kw = dict(chunk_tokens=512, batch=8, context_tokens=1024)
+    assert declared.forward_s(cached_tokens=0, **kw) == linear.forward_s(cached_tokens=0, **kw)
+    assert declared.forward_s(cached_tokens=3, **kw)[0] == pytest.approx(
+        declared.forward_s(cached_tokens=0, **kw)[0] + continuing_prefill(512, 16) - power_prefill(512, 0), rel=1e-9)
+
+
 def test_the_step_cost_adds_non_forward_and_moves_and_counts_extrapolated_steps():
     cost = ProfileStepCost(StepProfile.from_dict(make()), H200, window_tokens=1024)
     shape = StepShape(prefill=((512, 1024),))
@@ -194,6 +218,11 @@ def _bad(tmp_path, mutate) -> str:
     (lambda d: d.update(non_forward_s=float("nan")), "non_forward_s=nan"),
     (lambda d: d.update(moe_touch={"batch_tokens": [1]}), "moe_touch="),
     (lambda d: d.update(step_forwards="per_request"), "step_forwards='per_request' must be one of"),
+    (lambda d: d.update(continuing_cached_tokens=1024), "continuing_cached_tokens=1024 needs step_forwards"),
+    (lambda d: d.update(step_forwards="per_chunk", continuing_cached_tokens=16),
+     "continuing_cached_tokens=16 must be the prefill grid's second cached column"),
+    (lambda d: d.update(step_forwards="per_chunk", continuing_cached_tokens="16"),
+     "continuing_cached_tokens='16' must be a positive integer"),
 ])
 def test_a_bad_profile_gets_a_one_line_error_naming_the_field(tmp_path, mutate, needle):
     assert needle in _bad(tmp_path, mutate)

@@ -72,8 +72,11 @@ def test_the_smoke_profile_is_written_per_chunk_and_loads(smoke):
         assert "no prefix cache, eager decode" in prof.provenance["non_forward_method"]
         assert prof.non_forward_s > 0 and "decode-only steps None" not in prof.provenance["non_forward_method"]
     assert fit.prefill.rows == (16, 32) and fit.decode.cols == (16, 40) and held.mixed.rows == (24, 48)
+    # a continuing chunk's own column, one page in (the held-out grid has no first chunks)
+    assert fit.prefill.cols == (0, 16, 24) and fit.continuing_cached_tokens == 16
+    assert held.continuing_cached_tokens is None
     assert all(t > 0 for grid in (fit.prefill, fit.decode, fit.mixed) for row in grid.forward_s for t in row)
-    assert log.count(" ms (reps ") == 2 * 12  # every point of both files measured
+    assert log.count(" ms (reps ") == 14 + 12  # every point of both files measured
     accuracy = importlib.util.spec_from_file_location("profile_accuracy", ROOT / "benchmarks" / "profile_accuracy.py")
     module = importlib.util.module_from_spec(accuracy)
     accuracy.loader.exec_module(module)
@@ -94,6 +97,7 @@ def test_a_replay_of_the_hybrid_uses_its_profile_and_says_so(smoke, monkeypatch,
     # the same measurements read as one packed forward a step: steps of several chunks cost otherwise
     packed = json.loads((profiles / f"{NAME}__h200.json").read_text())
     packed.pop("step_forwards")
+    packed.pop("continuing_cached_tokens")  # a packed step's chunks run on one path
     (tmp_path / f"{NAME}__h200.json").write_text(json.dumps(packed))
     monkeypatch.setattr(profile_mod, "profile_path", lambda m, g, d=None: real(m, g, tmp_path))
     merged = run(RunConfig(**settings)).summary
@@ -128,6 +132,6 @@ def test_a_smoke_profile_with_prefill_graphs_pads_each_chunk_and_loads(smoke_gra
         assert prof.step_forwards == "per_chunk" and prof.packed_buckets == tuple(PACKED_BUCKETS)
         assert "PackedGraphs with the StateBinder" in prof.provenance["method"]
         assert "sim.real.padded_chunk" in prof.provenance["method"]
-    assert log.count(" ms (reps ") == 2 * 12
+    assert log.count(" ms (reps ") == 14 + 12  # the fit grid with its continuing column
     got, outside = fit.forward_s(chunk_tokens=20, cached_tokens=0, batch=2, context_tokens=32)
     assert got == pytest.approx(fit.mixed.forward_s[1][1], rel=1e-12) and not outside  # 20 pads to 32: its row

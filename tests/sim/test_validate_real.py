@@ -96,3 +96,25 @@ def test_each_model_is_warmed_once_over_its_slices_before_its_measured_cells(tmp
     assert len(list((tmp_path / "real").iterdir())) == 8  # the warm-up replays are not written
     calls.clear()
     assert validate.run_real(tmp_path / "cold", selected, warm=False) == 0 and len(calls) == 8
+
+
+def test_each_part_of_a_real_forward_is_set_beside_the_profiles_time_for_it_alone():
+    from unikv.sim.profile import StepProfile, profile_path
+
+    profile = StepProfile.load(profile_path("nemotron-3-nano-30b-a3b", "h200"))
+    chunk = 1e3 * profile._prefill_at(4095, 0)[0]
+    small = 1e3 * profile._prefill_at(1000, 300)[0]
+    dec = 1e3 * (profile.decode(4, 2048)[0] + profile.decode_padding_s(4)[0])
+    rows = [(1, "chunk", 4095, 0, 1, 1.10 * chunk), (1, "packed", 1000, 300, 1, 0.90 * small),
+            (1, "decode", 4, 4 * 2048, 4, 1.02 * dec),
+            (1, "forward", 5099, 0, 0, 1.10 * chunk + 0.90 * small + 1.02 * dec + 3.0),
+            (1, "step", 5099, 0, 0, 1.10 * chunk + 0.90 * small + 1.02 * dec + 3.5),
+            (2, "decode", 4, 4 * 2048, 4, 1.04 * dec), (2, "forward", 4, 0, 0, 1.04 * dec + 0.1),
+            (2, "step", 4, 0, 0, 1.04 * dec + 0.6)]
+    parts = pd.DataFrame(rows, columns=list(validate.PART_COLUMNS))
+    cells = validate.parts_line("cell", parts, profile).strip("| ").split(" | ")
+    assert cells[0] == "cell"
+    assert cells[1] == f"1.100 (1; {1.10 * chunk:.1f})" and cells[2] == f"0.900 (1; {0.90 * small:.1f})"
+    assert cells[3].startswith("1.030 (2; ")  # the median of 1.02 and 1.04
+    assert cells[4] == "3.00 (max 3.0)"  # only the step with a chunk: its forward less its three parts
+    assert cells[5] == f"0.50 / {1e3 * profile.non_forward_s:.2f}"
