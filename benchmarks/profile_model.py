@@ -104,18 +104,21 @@ CONTINUING = 16
 """The state grid's first cached column after 0: a chunk that continues its
 request over one page (`StepProfile.continuing_cached_tokens`)."""
 STATE_FIT = {"decode": FIT["decode"],
-             "prefill": ([128, 256, 512, 1024, 2048, 4096, 8192], [0, CONTINUING, 8192, 32768]),
+             "prefill": ([16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192], [0, CONTINUING, 8192, 32768]),
              "mixed": ([256, 1024, 4096, 8192], [1, 4, 16, 64, 256])}
 STATE_HELDOUT = {"decode": HELDOUT["decode"],
-                 "prefill": ([384, 1536, 6144], [1024, 4096, 16384]),
+                 "prefill": ([48, 384, 1536, 6144], [1024, 4096, 16384]),
                  "mixed": ([512, 2048, 6144], [2, 8, 32, 128])}
 """The grids of a model with recurrent state (see the module doc): decode
 as FIT; prefill and mixed chunks up to 8,192 tokens (the scheduler's
 default step budget), cached context and the smaller mixed chunks 4x
 apart (held-out points between them). Until 2026-12-03 the chunk axes
 stopped at 4,096, and the validation's 8,192-token chunks of
-Nemotron-3-Nano (results/validation/h200) were extrapolated: 7-33 %
-below the real steps."""
+Nemotron-3-Nano (results/validation/h200) were extrapolated. The prefill
+chunks start at 16 tokens: a small chunk is a forward of its own, read on
+the prefill grid below the mixed grid's first row (`StepProfile.
+_mixed_at`); the cached axis holds a continuing chunk one page in
+(CONTINUING)."""
 CALIBRATION = dict(trace="mooncake_synthetic", max_requests=32, rate_scale=1.0, max_context_tokens=8192,
                    kv_budget_gib=12.0)
 """The slice the real executor replays to measure `non_forward_s`: a trace

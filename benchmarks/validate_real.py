@@ -135,7 +135,7 @@ def warm_pass(model: str, selected, compiled: bool, graphs: bool) -> None:
 
 
 PART_COLUMNS = ("step", "part", "tokens", "cached", "batch", "ms")
-"""parts.csv: the plan's index; "chunk" (a prefill chunk through the compiled
+"""parts.csv: the step's number as steps.csv counts it (from 1); "chunk" (a prefill chunk through the compiled
 prefill, `RealExecutor._prefill_state`), "packed" (a packed batch through
 a token bucket's graph, `PackedGraphs.run`), "decode" (decoders through a
 decode bucket's graph, `DecodeGraphs.run`), "forward" (the step's forward
@@ -179,9 +179,9 @@ def forward_parts(mark, seconds):
         return wrapper
 
     def launch(self, plan):
-        now["step"] = plan.index
+        now["step"] = plan.index + 1  # steps.csv's step: the scheduler's count once the step is done
         got = saved[(RealExecutor, "launch")](self, plan)
-        marks.append((plan.index, "step", plan.prefill_tokens + len(plan.decode), 0, 0, self, None))
+        marks.append((now["step"], "step", plan.prefill_tokens + len(plan.decode), 0, 0, self, None))
         return got
 
     RealExecutor.launch = launch

@@ -271,7 +271,13 @@ class StepProfile:
         decode step of b requests at the grid's reference context (a chunk of
         0 tokens: the decode grid) and that row, linear in the chunk's tokens
         and the time, as a forward that reads all the weights anyway is;
-        log-log from 0 would put most of the weight on the row."""
+        log-log from 0 would put most of the weight on the row. Per chunk,
+        the chunk and the decoders are two forwards, and the chunk's alone
+        costs what a forward does however few its tokens (Nemotron-3-Nano:
+        19-26 ms for 27-191 tokens, padded and captured, against 8-25 ms
+        for its decoders; results/validation/h200/parts.md): below the
+        first row the step is that row less the row's chunk alone plus
+        this chunk alone, both on the prefill grid (0 cached)."""
         grid = self.mixed
         if not self.packed_buckets and chunk >= grid.rows[0]:
             return grid(chunk, batch)
@@ -283,6 +289,12 @@ class StepProfile:
             b = grid.cols[jj]
             rows, log_rows = self._mixed_rows[jj] if self._mixed_rows else (grid.rows, grid._log_rows)
             x = (total if per_chunk else total - b) if self.packed_buckets else chunk
+            if x < rows[0] and per_chunk:  # the chunk's own forward below the row, the decoders' unchanged
+                at_c, out_c = self._prefill_at(chunk, 0)
+                at_r, out_r = self._prefill_at(grid.rows[0], 0)
+                outside = outside or out_c or out_r or (0, jj) in grid.filled
+                log_t.append(math.log(max(math.exp(grid._log_t[0][jj]) - at_r + at_c, at_c)))
+                continue
             if x < rows[0]:
                 at_0, out_0 = self.decode(b, self.mixed_context_tokens)
                 at_row = math.exp(grid._log_t[0][jj])

@@ -182,6 +182,23 @@ def test_a_continuing_chunk_is_read_at_least_at_the_continuing_column():
         declared.forward_s(cached_tokens=0, **kw)[0] + continuing_prefill(512, 16) - power_prefill(512, 0), rel=1e-9)
 
 
+def test_a_per_chunk_step_below_the_mixed_grid_is_its_chunks_own_forward_plus_the_decoders():
+    data = make() | {"step_forwards": "per_chunk"}
+    rows = (512, 4096, 16384)  # the mixed grid starts above the chunk; the prefill grid holds it
+    data["mixed"] |= {"chunk_tokens": list(rows), "forward_s": [[power_mixed(r, b) for b in (1, 8, 64, 256)]
+                                                                for r in rows]}
+    per_chunk = StepProfile.from_dict(data)
+    for chunk in (1, 64, 300):
+        got, outside = per_chunk.forward_s(chunk_tokens=chunk, cached_tokens=0, batch=8, context_tokens=1024)
+        # two forwards: the row's pair less the row's chunk alone, plus this chunk alone
+        assert got == pytest.approx(power_mixed(512, 8) - power_prefill(512, 0) + power_prefill(chunk, 0), rel=1e-9)
+        assert not outside
+    packed = StepProfile.from_dict(data | {"step_forwards": "packed"})  # one forward: linear from the decoders
+    got, _ = packed.forward_s(chunk_tokens=64, cached_tokens=0, batch=8, context_tokens=1024)
+    assert got == pytest.approx(power_decode(8, 1024) + (power_mixed(512, 8) - power_decode(8, 1024)) * 64 / 512,
+                                rel=1e-9)
+
+
 def test_the_step_cost_adds_non_forward_and_moves_and_counts_extrapolated_steps():
     cost = ProfileStepCost(StepProfile.from_dict(make()), H200, window_tokens=1024)
     shape = StepShape(prefill=((512, 1024),))

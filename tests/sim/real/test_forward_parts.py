@@ -33,7 +33,7 @@ def test_every_chunk_and_decode_batch_of_a_replay_is_a_part_of_its_step(tmp_path
     split = real_executor.state_plans
 
     def keeping(plan):  # the executor's own split of each step: (chunk tokens, tokens before), decoders
-        plans.append((plan.index, [(n, r.seq - n) for r, n in plan.prefill],
+        plans.append((plan.index + 1, [(n, r.seq - n) for r, n in plan.prefill],
                       sum(r.seq for r in plan.decode) - len(plan.decode), len(plan.decode)))
         return split(plan)
 
@@ -44,7 +44,7 @@ def test_every_chunk_and_decode_batch_of_a_replay_is_a_part_of_its_step(tmp_path
     assert real_executor.RealExecutor.launch is launch and real_executor.RealExecutor._prefill_state is state
     parts = pd.DataFrame(rows, columns=list(validate.PART_COLUMNS))
     steps = parts[parts.part == "step"]
-    assert list(steps.step) == [i for i, *_ in plans] and len(steps) == len(res.steps)
+    assert list(steps.step) == [i for i, *_ in plans] == list(res.steps.step)  # numbered as steps.csv
     assert list(steps.ms) == pytest.approx([1e3 * s for s in ex.step_s])
     assert list(parts[parts.part == "forward"].ms) == pytest.approx([1e3 * s for s in ex.forward_s])
     chunks = parts[parts.part == "chunk"]  # no packed graphs here: every chunk through the compiled prefill
