@@ -28,7 +28,18 @@ validate = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(validate)
 
 
-def test_every_chunk_and_decode_batch_of_a_replay_is_a_part_of_its_step(tmp_path, monkeypatch, one_thread):
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches emptied before and after: the compiled replay's
+    graphs would otherwise count against a later test's recompile limit
+    (test_fuse.py compiles the same transformers code objects)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_every_chunk_and_decode_batch_of_a_replay_is_a_part_of_its_step(tmp_path, monkeypatch, one_thread,
+                                                                         fresh_dynamo):
     plans = []
     split = real_executor.state_plans
 
