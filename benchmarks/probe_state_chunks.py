@@ -98,7 +98,7 @@ def replay_cells(model: str, traces: list[str]) -> list[tuple[int, int, float]]:
               f"{len(mine)} chunks through _prefill_state, steps over 2,048 prefill tokens {len(large)} "
               f"(median {1e3 * large.median():.1f} ms), allocator retries "
               f"{torch.cuda.memory_stats().get('num_alloc_retries', 0) - retries}", flush=True)
-        for (n, c), times in list(by_shape(mine).items()):
+        for (n, c), times in by_shape(mine).items():
             print(f"  executor chunk {n} x {c} cached: {1e3 * statistics.median(times):.2f} ms "
                   f"(x{len(times)}: {1e3 * min(times):.2f} .. {1e3 * max(times):.2f})", flush=True)
         del result

@@ -159,7 +159,8 @@ def forward_parts(mark, seconds):
     from unikv.sim.real.packed_graphs import PackedGraphs
 
     rows: list[tuple] = []
-    marks: list[tuple] = []
+    marks: list[tuple] = []  # (step, part, tokens, cached, requests, start mark, end mark) of each part
+    launches: list[tuple] = []  # (step, tokens, executor) of each launch, in order
     now = {"step": None}
     saved = {(cls, name): getattr(cls, name) for cls, name in (
         (RealExecutor, "launch"), (RealExecutor, "_prefill_state"), (PackedGraphs, "run"), (DecodeGraphs, "run"))}
@@ -181,7 +182,7 @@ def forward_parts(mark, seconds):
     def launch(self, plan):
         now["step"] = plan.index + 1  # steps.csv's step: the scheduler's count once the step is done
         got = saved[(RealExecutor, "launch")](self, plan)
-        marks.append((now["step"], "step", plan.prefill_tokens + len(plan.decode), 0, 0, self, None))
+        launches.append((now["step"], plan.prefill_tokens + len(plan.decode), self))
         return got
 
     RealExecutor.launch = launch
@@ -194,12 +195,12 @@ def forward_parts(mark, seconds):
         for (cls, name), original in saved.items():
             setattr(cls, name, original)
         seen: dict[int, int] = {}  # executor -> its launches so far: the index of its step_s / forward_s
-        for step, _, tokens, _, _, ex, _ in (m for m in marks if m[1] == "step"):
+        for step, tokens, ex in launches:
             i = seen[id(ex)] = seen.get(id(ex), -1) + 1
             if i < len(ex.forward_s):  # a step the run timed (duration_s)
                 rows.append((step, "forward", tokens, 0, 0, 1e3 * ex.forward_s[i]))
                 rows.append((step, "step", tokens, 0, 0, 1e3 * ex.step_s[i]))
-        rows += [(step, kind, n, c, b, 1e3 * seconds(a, z)) for step, kind, n, c, b, a, z in marks if kind != "step"]
+        rows += [(step, kind, n, c, b, 1e3 * seconds(a, z)) for step, kind, n, c, b, a, z in marks]
         rows.sort(key=lambda r: (r[0], ("chunk", "packed", "decode", "forward", "step").index(r[1])))
 
 
@@ -262,6 +263,7 @@ def run_compare(out: Path, selected) -> int:
     from unikv.sim.run import run, write_run
 
     rows, lines, step_lines, request_lines, batch_lines, part_lines = [], [], [], [], [], []
+    profiles: dict = {}  # model -> its bundled profile (parts.md), read once
     for model, trace, layout in selected:
         name = f"{model}__{trace}__{layout}"
         real_dir = out / "real" / name
@@ -288,8 +290,9 @@ def run_compare(out: Path, selected) -> int:
         if (real_dir / "parts.csv").exists():
             from unikv.sim.profile import StepProfile, profile_path
 
-            profile = StepProfile.load(profile_path(model, "h200"))
-            part_lines.append(parts_line(name, pd.read_csv(real_dir / "parts.csv"), profile))
+            if model not in profiles:
+                profiles[model] = StepProfile.load(profile_path(model, "h200"))
+            part_lines.append(parts_line(name, pd.read_csv(real_dir / "parts.csv"), profiles[model]))
     if not rows:
         print("error: no real runs to compare", file=sys.stderr)
         return 2
@@ -354,9 +357,13 @@ def parts_line(name: str, parts, profile) -> str:
         r = [ms / (1e3 * predict(row)) for row, ms in zip(frame.itertuples(), frame.ms)]
         return f"{statistics.median(r):.3f} ({len(r)}; {frame.ms.median():.1f})"
 
-    chunk = lambda row: profile._prefill_at(row.tokens, row.cached)[0]  # noqa: E731
-    decode = lambda row: (profile.decode(row.batch, row.cached / row.batch)[0]  # noqa: E731
-                          + profile.decode_padding_s(row.batch)[0])
+    def chunk(row) -> float:  # a prefill forward alone
+        return profile.forward_s(chunk_tokens=row.tokens, cached_tokens=row.cached, batch=0, context_tokens=0)[0]
+
+    def decode(row) -> float:  # a decode-only forward, its bucket's padding in
+        return profile.forward_s(chunk_tokens=0, cached_tokens=0, batch=row.batch,
+                                 context_tokens=row.cached / row.batch)[0]
+
     by_step = parts.pivot_table(index="step", columns="part", values="ms", aggfunc="sum")
     inside = by_step.reindex(columns=["chunk", "packed", "decode"]).fillna(0.0).sum(axis=1)
     with_chunk = by_step.index.isin(one.step)

@@ -285,14 +285,17 @@ class StepProfile:
         per_chunk = self.step_forwards == "per_chunk"
         total = self.padded(chunk) if per_chunk else self.padded(chunk + batch)
         log_t = []
+        alone = None  # per chunk, below the first row: (this chunk alone, the row's chunk alone, outside)
         for jj in (j, j + 1):
             b = grid.cols[jj]
             rows, log_rows = self._mixed_rows[jj] if self._mixed_rows else (grid.rows, grid._log_rows)
             x = (total if per_chunk else total - b) if self.packed_buckets else chunk
             if x < rows[0] and per_chunk:  # the chunk's own forward below the row, the decoders' unchanged
-                at_c, out_c = self._prefill_at(chunk, 0)
-                at_r, out_r = self._prefill_at(grid.rows[0], 0)
-                outside = outside or out_c or out_r or (0, jj) in grid.filled
+                if alone is None:  # the same two reads for both columns
+                    (at_c, out_c), (at_r, out_r) = self._prefill_at(chunk, 0), self._prefill_at(grid.rows[0], 0)
+                    alone = (at_c, at_r, out_c or out_r)
+                at_c, at_r, out_a = alone
+                outside = outside or out_a or (0, jj) in grid.filled
                 log_t.append(math.log(max(math.exp(grid._log_t[0][jj]) - at_r + at_c, at_c)))
                 continue
             if x < rows[0]:
